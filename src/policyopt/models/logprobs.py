@@ -1,0 +1,281 @@
+"""Per-token log-probs, entropies and hidden states of a response, without full-vocab logits.
+
+Sequences are laid out as `[left-padded prompt, width P | response, width R, right-padded]`.
+For response token t (sequence position P + t) the model's distribution comes from the final
+hidden state h at position P + t - 1:
+
+    z = W h (+ b) / T          logits at temperature T
+    log p(y_t) = z[y_t] - logsumexp(z)
+    H_t = logsumexp(z) - sum_v softmax(z)_v z_v      entropy of the sampling distribution
+
+The trunk runs once; the LM head is applied to at most `chunk_size` rows of (batch * time) at
+a time, and no chunk's logits are kept for backward: the backward recomputes them one chunk
+at a time (a custom autograd Function for a plain `nn.Linear` head, activation checkpointing
+for any other head module), so neither pass holds a [B, R, V] tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+@dataclass
+class LogProbOutput:
+    """`logp[b, t]` = log p(response token t); `entropy` and `hidden` when asked for.
+
+    `hidden[b, t]` is the final (normed) hidden state that the LM head maps to the
+    distribution of response token t; it stays attached to the autograd graph.
+    Positions past a response's end are computed too; the caller masks them.
+    """
+
+    logp: torch.Tensor
+    entropy: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted over real tokens only (cumsum - 1, clamped at 0), so left padding
+    does not shift a prompt's positions."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def _check_inputs(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int, temperature: float
+) -> None:
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask shape {tuple(attention_mask.shape)} differs from "
+            f"input_ids shape {tuple(input_ids.shape)}"
+        )
+    if not 1 <= response_len < input_ids.shape[1]:
+        raise ValueError(
+            f"response_len must be in [1, {input_ids.shape[1] - 1}] (the prompt needs at least "
+            f"one column), got {response_len}"
+        )
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+
+
+def _check_plain_head(model: nn.Module) -> None:
+    """Refuse models whose logits are post-processed after the LM head (we would miss it)."""
+    config = getattr(model, "config", None)
+    for key in ("final_logit_softcapping", "logit_scale"):
+        if getattr(config, key, None) not in (None, 1.0):
+            raise NotImplementedError(
+                f"response_logprobs: model config sets {key}={getattr(config, key)!r}; "
+                "logits transformed after the LM head are not supported"
+            )
+
+
+def trunk_of(model: nn.Module) -> nn.Module:
+    """The decoder stack that outputs the final normed hidden states (no LM head)."""
+    get_decoder = getattr(model, "get_decoder", None)
+    trunk = get_decoder() if callable(get_decoder) else None
+    if trunk is None or trunk is model:
+        prefix = getattr(model, "base_model_prefix", "")
+        trunk = getattr(model, prefix, None) if prefix else None
+    if trunk is None or trunk is model:
+        raise TypeError(f"cannot find the decoder trunk of {type(model).__name__}")
+    return trunk
+
+
+def _linear_logits(
+    h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float
+) -> torch.Tensor:
+    """z = (W h + b) / T as a fresh float32 [n, V] tensor (float32 even for bf16 models)."""
+    z = nn.functional.linear(h, weight, bias).float()
+    return z.div_(temperature)
+
+
+class _LinearHeadLogProb(torch.autograd.Function):
+    """log p(y) and entropy for one chunk through a plain `nn.Linear` head.
+
+    Saves only h, W, b, y and logsumexp(z) ([n]); the backward recomputes z in one [n, V]
+    buffer and turns it in place into the gradient
+        d log p(y) / d (W h + b)_v = (1[v = y] - p_v) / T,
+    so backward holds one chunk of logits, forward two (z and logsumexp's temporary).
+    """
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        h: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        y: torch.Tensor,
+        temperature: float,
+        with_entropy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        z = _linear_logits(h, weight, bias, temperature)
+        lse = torch.logsumexp(z, -1)
+        logp = z.gather(-1, y[:, None]).squeeze(-1) - lse
+        entropy = logp.new_empty(0)
+        if with_entropy:
+            z.sub_(lse[:, None])  # z := log p
+            entropy = -(z.exp().mul_(z)).sum(-1)  # H = -sum_v p_v log p_v
+        ctx.save_for_backward(h, weight, bias, y, lse)
+        ctx.temperature = temperature
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad_logp: torch.Tensor, _grad_entropy: None
+    ) -> tuple[torch.Tensor | None, ...]:
+        h, weight, bias, y, lse = ctx.saved_tensors
+        grad = _linear_logits(h, weight, bias, ctx.temperature)
+        grad.sub_(lse[:, None]).exp_()  # p
+        grad[torch.arange(len(y), device=y.device), y] -= 1.0  # p - onehot(y)
+        grad.mul_((-grad_logp / ctx.temperature)[:, None])  # g (onehot - p) / T
+        grad = grad.to(weight.dtype)
+        grad_h = grad @ weight if ctx.needs_input_grad[0] else None
+        grad_w = grad.T @ h if ctx.needs_input_grad[1] else None
+        grad_b = grad.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
+        return grad_h, grad_w, grad_b, None, None, None
+
+
+def _module_logp_entropy(
+    h: torch.Tensor, y: torch.Tensor, head: nn.Module, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(y) and entropy for one chunk through any head module (e.g. a LoRA-wrapped one)."""
+    z = head(h).float() / temperature
+    lse = z.logsumexp(-1)
+    logp = z.gather(-1, y[:, None]).squeeze(-1) - lse
+    if not with_entropy:
+        return logp, logp.new_empty(0)
+    with torch.no_grad():  # entropy is a metric: no gradient, nothing saved for backward
+        entropy = lse - (torch.softmax(z, -1) * z).sum(-1)
+    return logp, entropy
+
+
+def _chunk_logp_entropy(
+    h: torch.Tensor, y: torch.Tensor, head: nn.Module, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if type(head) is nn.Linear:
+        return _LinearHeadLogProb.apply(h, head.weight, head.bias, y, temperature, with_entropy)
+    needs_grad = torch.is_grad_enabled() and (
+        h.requires_grad or any(p.requires_grad for p in head.parameters())
+    )
+    if not needs_grad:
+        return _module_logp_entropy(h, y, head, temperature, with_entropy)
+    # Other heads: non-reentrant checkpoint saves only the chunk's inputs and the backward
+    # recomputes the chunk's logits, so at most one chunk of [n, V] (and its autograd
+    # intermediates) exists at any time.
+    return checkpoint(
+        _module_logp_entropy, h, y, head, temperature, with_entropy, use_reentrant=False
+    )
+
+
+def chunked_head_logprobs(
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    head: nn.Module,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(targets) [N] (and entropy [N]) for hidden [N, d], `chunk_size` rows at a time."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    logps, entropies = [], []
+    for start in range(0, hidden.shape[0], chunk_size):
+        rows = slice(start, start + chunk_size)
+        logp, entropy = _chunk_logp_entropy(
+            hidden[rows], targets[rows], head, temperature, with_entropy
+        )
+        logps.append(logp)
+        entropies.append(entropy)
+    return torch.cat(logps), (torch.cat(entropies) if with_entropy else None)
+
+
+def naive_head_logprobs(
+    hidden: torch.Tensor, targets: torch.Tensor, head: nn.Module, *, temperature: float = 1.0
+) -> torch.Tensor:
+    """The straightforward version of `chunked_head_logprobs`: full [N, V] log-softmax."""
+    logprobs = torch.log_softmax(head(hidden).float() / temperature, -1)
+    return logprobs.gather(-1, targets[:, None]).squeeze(-1)
+
+
+def response_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_len: int,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    with_entropy: bool = False,
+    with_hidden: bool = False,
+) -> LogProbOutput:
+    """Log-probs [B, R] of the last `response_len` tokens of each row, chunked over the vocab
+    head (see module docstring); works for a Hugging Face causal LM or a PEFT-wrapped one."""
+    _check_inputs(input_ids, attention_mask, response_len, temperature)
+    _check_plain_head(model)
+    batch, length = input_ids.shape
+    prompt_len = length - response_len
+    # The last token predicts nothing we need, so the trunk sees positions 0 .. L-2.
+    out = trunk_of(model)(
+        input_ids=input_ids[:, :-1],
+        attention_mask=attention_mask[:, :-1],
+        position_ids=position_ids_from_mask(attention_mask)[:, :-1],
+        use_cache=False,
+    )
+    hidden = out.last_hidden_state[:, prompt_len - 1 :]  # [B, R, d]
+    logp, entropy = chunked_head_logprobs(
+        hidden.reshape(batch * response_len, -1),
+        input_ids[:, prompt_len:].reshape(-1),
+        model.get_output_embeddings(),
+        temperature=temperature,
+        chunk_size=chunk_size,
+        with_entropy=with_entropy,
+    )
+    return LogProbOutput(
+        logp=logp.view(batch, response_len),
+        entropy=entropy.view(batch, response_len) if entropy is not None else None,
+        hidden=hidden if with_hidden else None,
+    )
+
+
+def naive_response_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_len: int,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    with_hidden: bool = False,
+) -> LogProbOutput:
+    """Same as `response_logprobs`, the straightforward way: the model's full [B, L, V]
+    logits, a log-softmax, and the LM head's input captured with a hook."""
+    _check_inputs(input_ids, attention_mask, response_len, temperature)
+    prompt_len = input_ids.shape[1] - response_len
+    captured: list[torch.Tensor] = []
+    hook = model.get_output_embeddings().register_forward_pre_hook(
+        lambda _module, args: captured.append(args[0])
+    )
+    try:
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids_from_mask(attention_mask),
+            use_cache=False,
+        )
+    finally:
+        hook.remove()
+    window = slice(prompt_len - 1, -1)  # positions whose outputs predict response tokens
+    logprobs = torch.log_softmax(out.logits[:, window].float() / temperature, -1)
+    logp = logprobs.gather(-1, input_ids[:, prompt_len:, None]).squeeze(-1)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = -(logprobs.exp() * logprobs).sum(-1)
+    hidden = captured[0][:, window] if with_hidden else None
+    return LogProbOutput(logp=logp, entropy=entropy, hidden=hidden)

@@ -1,0 +1,133 @@
+"""The embedded tiny model: a character tokenizer and a small Llama, in Hugging Face format.
+
+The project's default policy runs end to end on a laptop CPU, so it is built here rather than
+downloaded: `build_tiny_model` writes a randomly initialised (fixed seed) `LlamaForCausalLM`
+and its tokenizer with `save_pretrained`, and `tiny_model_path` caches one such build.
+
+The tokenizer maps every printable ASCII character (digits, operators, letters, HTML and
+LaTeX punctuation, space, tab, newline) to exactly one token, so `decode(encode(s)) == s` for
+any text made of them; other characters become `<unk>`. No BOS/EOS is added automatically.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import string
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer, decoders, models
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+TINY_MODEL_NAME = "tiny-llama-v1"
+SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0, 1, 2, 3
+# string.printable minus vertical tab, form feed and carriage return: 97 characters.
+CHARACTERS = tuple(c for c in string.printable if c not in "\x0b\x0c\r")
+
+TINY_CONFIG_DEFAULTS: dict[str, Any] = {
+    "hidden_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "intermediate_size": 384,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": False,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+}
+
+
+def build_char_tokenizer(model_max_length: int = 512) -> PreTrainedTokenizerFast:
+    """The character-level tokenizer: specials first, then one token per character."""
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARACTERS)}
+    # BPE with no merges over an unsplit string yields exactly one token per character;
+    # Fuse() decodes by plain concatenation (no spaces inserted between tokens).
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    backend.decoder = decoders.Fuse()
+    backend.add_special_tokens(list(SPECIAL_TOKENS))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+        model_max_length=model_max_length,
+    )
+
+
+def tiny_config(vocab_size: int, **overrides: Any) -> LlamaConfig:
+    """The tiny Llama config with the project's defaults, updated by `overrides`."""
+    values = {**TINY_CONFIG_DEFAULTS, **overrides}
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        **values,
+    )
+
+
+def build_tiny_model(path: str | Path, *, seed: int = 0, **config_overrides: Any) -> Path:
+    """Initialise the tiny model with `seed` and save model + tokenizer to `path`.
+
+    `config_overrides` are `LlamaConfig` fields (e.g. `hidden_size=64`). The result loads with
+    `AutoModelForCausalLM.from_pretrained(path)` and `AutoTokenizer.from_pretrained(path)`.
+    """
+    path = Path(path)
+    config = tiny_config(len(SPECIAL_TOKENS) + len(CHARACTERS), **config_overrides)
+    tokenizer = build_char_tokenizer(config.max_position_embeddings)
+    # fork_rng: seeding here must not change the caller's random stream.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def cache_dir() -> Path:
+    """Where built models are cached: `$POLICYOPT_CACHE`, default `~/.cache/policyopt`."""
+    return Path(os.environ.get("POLICYOPT_CACHE", Path.home() / ".cache" / "policyopt"))
+
+
+def tiny_model_path() -> Path:
+    """The cached default tiny model, built on first use.
+
+    The build goes to a temporary directory next to the cache entry and is renamed into place
+    in one step, so the entry either does not exist or is complete: a killed build leaves only
+    a stray temporary directory, and of two concurrent builds the second rename fails and its
+    copy is discarded.
+    """
+    final = cache_dir() / TINY_MODEL_NAME
+    if final.exists():
+        return _check_complete(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{TINY_MODEL_NAME}.tmp-", dir=final.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it owner-only; the cache entry should be readable
+    try:
+        build_tiny_model(tmp)
+        os.rename(tmp, final)  # atomic on POSIX; fails if another build already landed
+    except OSError:
+        if not final.exists():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return _check_complete(final)
+
+
+def _check_complete(path: Path) -> Path:
+    """Refuse a cache entry that lacks the model or tokenizer (e.g. edited by hand)."""
+    missing = [
+        n
+        for n in ("config.json", "model.safetensors", "tokenizer.json")
+        if not (path / n).is_file()
+    ]
+    if missing:
+        raise RuntimeError(
+            f"tiny model cache {path} is incomplete (missing {', '.join(missing)}); "
+            "delete the directory and it will be rebuilt"
+        )
+    return path

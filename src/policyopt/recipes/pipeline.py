@@ -1,0 +1,130 @@
+"""The main job: (cached) SFT warm start -> RL -> held-out evaluation -> summary."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from policyopt import __version__
+from policyopt.models.loading import load_model
+from policyopt.models.tiny import cache_dir
+from policyopt.tasks.base import get_task
+from policyopt.trainer.config import Config
+from policyopt.trainer.sft import run_sft
+from policyopt.trainer.trainer import Trainer, seed_everything
+
+
+def sft_cache_key(config: Config) -> str:
+    """Everything the SFT result depends on."""
+    payload = {
+        "version": __version__,
+        "model": config.model.name_or_path,
+        "dtype": config.model.dtype,
+        "chat": config.model.chat_template,
+        "task": config.task.model_dump(mode="json"),
+        "sft": config.sft.model_dump(mode="json"),
+        "seed": config.train.seed,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def warm_started_policy(config: Config, console: Console) -> tuple[Any, Any, dict[str, float]]:
+    """The model after SFT on the task's expert solutions, built once per SFT setting and
+    cached (atomically) under the policyopt cache folder."""
+    cfg = config
+    if cfg.sft.steps == 0:
+        model, tok = load_model(
+            cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.model.device
+        )
+        return model, tok, {}
+    cached = cache_dir() / "sft" / sft_cache_key(cfg)
+    if (cached / "sft_metrics.json").exists():
+        model, tok = load_model(str(cached), dtype=cfg.model.dtype, device=cfg.model.device)
+        console.print(f"SFT warm start from cache {cached}")
+        return model, tok, json.loads((cached / "sft_metrics.json").read_text())
+    seed_everything(cfg.train.seed)
+    model, tok = load_model(cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.model.device)
+    task = get_task(cfg.task.name, **cfg.task.options)
+    metrics = run_sft(
+        model,
+        tok,
+        task,
+        cfg.sft,
+        seed=cfg.train.seed,
+        chunk_size=cfg.model.logit_chunk_size,
+        chat=cfg.model.chat_template,
+        console=console,
+        progress=cfg.train.progress,
+    )
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.parent / f".tmp-{cached.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    (tmp / "sft_metrics.json").write_text(json.dumps(metrics))
+    try:
+        os.rename(tmp, cached)
+    except OSError:  # another process cached the same setting first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return model, tok, metrics
+
+
+def run_pipeline(config: Config, console: Console | None = None) -> dict[str, Any]:
+    """SFT (cached) -> evaluate -> RL -> evaluate; writes summary.json in the output dir."""
+    console = console or Console()
+    start = time.perf_counter()
+    model, tok, sft_metrics = warm_started_policy(config, console)
+    trainer = Trainer(config, model=model, tokenizer=tok, console=console)
+    try:
+        initial = trainer.evaluate() if trainer.step == 0 else _stored_initial(trainer.output_dir)
+        (trainer.output_dir / "initial_eval.json").write_text(json.dumps(initial))
+        t_rl = time.perf_counter()
+        last = trainer.train()
+        rl_seconds = time.perf_counter() - t_rl
+        final = trainer.evaluate()
+    finally:
+        trainer.close()
+    summary = {
+        "recipe": config.algorithm.name,
+        "seed": config.train.seed,
+        "initial_accuracy": initial["eval/accuracy"],
+        "final_accuracy": final["eval/accuracy"],
+        "initial_eval": initial,
+        "final_eval": final,
+        "sft": sft_metrics,
+        "rl_steps": trainer.step,
+        "rl_seconds": rl_seconds,
+        "wall_seconds": time.perf_counter() - start,
+        "last_step_metrics": last,
+        "output_dir": str(trainer.output_dir),
+    }
+    (trainer.output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    console.print(summary_table(summary))
+    return summary
+
+
+def _stored_initial(output_dir: Path) -> dict[str, float]:
+    path = output_dir / "initial_eval.json"
+    if not path.exists():
+        raise FileNotFoundError(f"resuming {output_dir}: initial_eval.json is missing")
+    return json.loads(path.read_text())
+
+
+def summary_table(summary: dict[str, Any]) -> Table:
+    table = Table(title=f"{summary['recipe']} (seed {summary['seed']}): held-out evaluation")
+    table.add_column("metric")
+    table.add_column("before RL (SFT)", justify="right")
+    table.add_column("after RL", justify="right")
+    for key, before in summary["initial_eval"].items():
+        after = summary["final_eval"].get(key, float("nan"))
+        table.add_row(key.removeprefix("eval/"), f"{before:.3f}", f"{after:.3f}")
+    table.add_row("wall time (s)", "", f"{summary['wall_seconds']:.0f}")
+    return table

@@ -1,0 +1,243 @@
+"""Reward functions and the pipeline that combines them.
+
+A reward function has TRL's signature,
+
+    f(prompts: list[str], completions: list[str], **columns) -> list[float | None]
+
+where every dataset column arrives as a keyword list aligned with `completions` (so it
+must accept **kwargs for the columns it does not use). None means "could not parse": the
+pipeline scores it 0 and counts it, never crashes on it.
+
+Named functions live in `REWARD_FUNCTIONS`; `load_reward_function` also takes
+`module.path:function`. `task_reward_function` adapts a task's `verify`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from policyopt.core.registry import Registry, unknown_name_message
+
+if TYPE_CHECKING:
+    from policyopt.tasks.base import Task
+
+logger = logging.getLogger(__name__)
+
+RewardFunction = Callable[..., Sequence[float | None]]
+REWARD_FUNCTIONS: Registry[RewardFunction] = Registry("reward function")
+
+
+class RewardFunctionError(RuntimeError):
+    """A reward function raised, or returned something other than one number per sample."""
+
+
+# ---------------------------------------------------------------------------------------
+# Registered functions
+
+
+_ENDS_WITH_ANSWER = re.compile(r"A:-?\d+\s*$")
+
+
+@REWARD_FUNCTIONS.register("format")
+def format_reward(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
+    """1.0 if the completion ends with `A:<int>` (trailing whitespace allowed), else 0.0:
+    the answer format of the arithmetic task."""
+    return [1.0 if _ENDS_WITH_ANSWER.search(c) else 0.0 for c in completions]
+
+
+# ---------------------------------------------------------------------------------------
+# Lookup and adaptation
+
+
+def load_reward_function(spec: str) -> RewardFunction:
+    """A registered name (see `REWARD_FUNCTIONS.names()`) or `module.path:function`."""
+    registered = REWARD_FUNCTIONS.names()
+    if ":" not in spec:
+        if spec in REWARD_FUNCTIONS:
+            return REWARD_FUNCTIONS.get(spec)
+        raise ValueError(
+            unknown_name_message("reward function", spec, registered)
+            + "; or give 'module.path:function'"
+        )
+    module_name, _, attribute = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(
+            f"reward function {spec!r}: cannot import module {module_name!r} ({error}); "
+            f"registered names: {', '.join(registered)}"
+        ) from error
+    fn = getattr(module, attribute, None)
+    if fn is None:
+        raise ValueError(
+            f"reward function {spec!r}: module {module_name!r} has no attribute {attribute!r}; "
+            f"registered names: {', '.join(registered)}"
+        )
+    if not callable(fn):
+        raise ValueError(f"reward function {spec!r} is not callable (it is a {type(fn).__name__})")
+    return fn
+
+
+def task_reward_function(task: Task) -> RewardFunction:
+    """`task.verify` with TRL's signature: row i is `{column: values[i]}` of the columns."""
+
+    def verify(prompts: list[str], completions: list[str], **columns: list) -> list[float | None]:
+        for column, values in columns.items():
+            if len(values) != len(completions):
+                raise ValueError(
+                    f"column {column!r} has {len(values)} values for {len(completions)} completions"
+                )
+        return [
+            task.verify(completion, {column: values[i] for column, values in columns.items()})
+            for i, completion in enumerate(completions)
+        ]
+
+    verify.__name__ = f"{task.name}_verify"
+    return verify
+
+
+# ---------------------------------------------------------------------------------------
+# Pipeline
+
+
+@dataclass
+class RewardResult:
+    """Rewards of one batch.
+
+    total: Σ_f w_f r_f per sample, unparseable values counted as 0; shape [N], float32.
+    raw: each function's values as returned (None kept).
+    unparseable: each function's number of None values.
+    """
+
+    total: torch.Tensor
+    raw: dict[str, list[float | None]]
+    unparseable: dict[str, int]
+
+    def metrics(self) -> dict[str, float]:
+        """`reward/<name>/mean` (None as 0) and `reward/<name>/unparseable` for logging."""
+        out = {"reward/total/mean": float(self.total.mean()) if len(self.total) else 0.0}
+        for name, values in self.raw.items():
+            scores = [0.0 if v is None else v for v in values]
+            out[f"reward/{name}/mean"] = sum(scores) / len(scores) if scores else 0.0
+            out[f"reward/{name}/unparseable"] = float(self.unparseable[name])
+        return out
+
+
+class RewardPipeline:
+    """Weighted sum of named reward functions: total_i = Σ_f w_f r_f(i), None -> 0."""
+
+    def __init__(self, functions: list[tuple[str, RewardFunction, float]]) -> None:
+        if not functions:
+            raise ValueError("a reward pipeline needs at least one reward function")
+        names = [name for name, _, _ in functions]
+        duplicated = sorted({n for n in names if names.count(n) > 1})
+        if duplicated:
+            raise ValueError(f"reward function names must be unique, repeated: {duplicated}")
+        for name, fn, weight in functions:
+            if not callable(fn):
+                raise ValueError(
+                    f"reward function {name!r} is not callable (it is a {type(fn).__name__})"
+                )
+            if not math.isfinite(weight):
+                raise ValueError(f"reward function {name!r} has a non-finite weight {weight}")
+        self.functions = [(name, fn, float(weight)) for name, fn, weight in functions]
+
+    def __call__(
+        self, prompts: list[str], completions: list[str], columns: dict[str, list]
+    ) -> RewardResult:
+        n = len(completions)
+        if len(prompts) != n:
+            raise ValueError(f"{len(prompts)} prompts for {n} completions")
+        for column, values in columns.items():
+            if column in ("prompts", "completions"):
+                raise ValueError(f"column name {column!r} clashes with a reward-function argument")
+            if len(values) != n:
+                raise ValueError(f"column {column!r} has {len(values)} values for {n} completions")
+        total = torch.zeros(n, dtype=torch.float32)
+        raw: dict[str, list[float | None]] = {}
+        unparseable: dict[str, int] = {}
+        for name, fn, weight in self.functions:
+            values = self._run(name, fn, prompts, completions, columns)
+            raw[name] = values
+            unparseable[name] = sum(v is None for v in values)
+            total += weight * torch.tensor(
+                [0.0 if v is None else v for v in values], dtype=torch.float32
+            )
+            if unparseable[name]:
+                logger.debug(
+                    "reward %r: %d of %d completions unparseable (scored 0)",
+                    name,
+                    unparseable[name],
+                    n,
+                )
+        return RewardResult(total=total, raw=raw, unparseable=unparseable)
+
+    @staticmethod
+    def _run(
+        name: str,
+        fn: RewardFunction,
+        prompts: list[str],
+        completions: list[str],
+        columns: dict[str, list],
+    ) -> list[float | None]:
+        """Call `fn` on the batch; on an exception, find the first sample that fails alone."""
+        try:
+            values = list(fn(prompts, completions, **columns))
+        except Exception as error:
+            for i, completion in enumerate(completions):
+                row = {key: [vals[i]] for key, vals in columns.items()}
+                try:
+                    fn([prompts[i]], [completion], **row)
+                except Exception as sample_error:
+                    raise RewardFunctionError(
+                        f"reward function {name!r} failed on sample {i} "
+                        f"(completion {completion[:80]!r}): {sample_error!r}"
+                    ) from sample_error
+            raise RewardFunctionError(
+                f"reward function {name!r} failed on the batch of {len(completions)} "
+                f"(no single sample fails alone): {error!r}"
+            ) from error
+        if len(values) != len(completions):
+            raise RewardFunctionError(
+                f"reward function {name!r} returned {len(values)} values for {len(completions)} completions"
+            )
+        return [_as_reward(name, i, v) for i, v in enumerate(values)]
+
+
+def _as_reward(name: str, index: int, value: Any) -> float | None:
+    """None stays None; a number becomes a finite float; anything else is an error."""
+    if value is None:
+        return None
+    try:
+        reward = float(value)
+    except (TypeError, ValueError) as error:
+        raise RewardFunctionError(
+            f"reward function {name!r} returned {value!r} for sample {index}: not a number or None"
+        ) from error
+    if not math.isfinite(reward):
+        raise RewardFunctionError(f"reward function {name!r} returned {reward} for sample {index}")
+    return reward
+
+
+def build_reward_pipeline(
+    specs: list[tuple[str, float]], task: Task | None = None
+) -> RewardPipeline:
+    """A pipeline from (name, weight) pairs: the name `task` is `task`'s verifier; any other
+    name goes through `load_reward_function` (registered name or `module.path:function`)."""
+    functions = []
+    for name, weight in specs:
+        if name == "task":
+            if task is None:
+                raise ValueError("reward 'task' needs a task to verify with")
+            functions.append((name, task_reward_function(task), weight))
+        else:
+            functions.append((name, load_reward_function(name), weight))
+    return RewardPipeline(functions)

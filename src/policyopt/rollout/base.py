@@ -1,0 +1,130 @@
+"""What a rollout engine returns, and the interface every engine implements.
+
+Engines sample G responses per prompt and record, per response token, the sampling
+log-prob and the entropy of the sampling distribution (HISPO builds its segments and DATPO
+its forks from these, at rollout time).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from policyopt.core.registry import Registry
+
+# name -> factory(model, tokenizer, **options) -> RolloutEngine
+ENGINES: Registry[Callable[..., RolloutEngine]] = Registry("rollout engine")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. `greedy` ignores temperature and top-p."""
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    greedy: bool = False
+    # Capture the hidden state entering the LM head for every generated token (GAR).
+    with_hidden: bool = False
+
+
+@dataclass
+class Rollouts:
+    """A batch of sampled responses, one row per response.
+
+    Layout: `prompt_ids` is left-padded [N, P]; `response_ids` right-padded [N, R]. The EOS
+    token that ends a response is part of it (mask 1); positions after it are padding.
+    """
+
+    prompt_ids: torch.Tensor  # [N, P] long
+    prompt_mask: torch.Tensor  # [N, P] long (1 = token)
+    response_ids: torch.Tensor  # [N, R] long
+    response_mask: torch.Tensor  # [N, R] float (1 = generated token)
+    logp: torch.Tensor  # [N, R] sampling log-probs (temperature-scaled distribution)
+    entropy: torch.Tensor  # [N, R] entropy of the sampling distribution
+    truncated: torch.Tensor  # [N] bool: hit max_new_tokens without EOS
+    # Tokens the engine actually generated (a tree counts a shared prefix once).
+    generated_tokens: int
+    hidden: torch.Tensor | None = None  # [N, R, d] when SamplingParams.with_hidden
+    # Per-token structure added by tree engines (block ids, ...), each [N, R].
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.response_mask.sum(-1).long()
+
+    def __len__(self) -> int:
+        return self.response_ids.shape[0]
+
+    def input_ids(self) -> torch.Tensor:
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    def attention_mask(self) -> torch.Tensor:
+        return torch.cat([self.prompt_mask, self.response_mask.long()], dim=1)
+
+    def select(self, index: torch.Tensor) -> Rollouts:
+        """Rows `index` (a long index or bool mask); token counts stay those generated."""
+        pick: Callable[[Any], Any] = lambda t: None if t is None else t[index]  # noqa: E731
+        return replace(
+            self,
+            prompt_ids=self.prompt_ids[index],
+            prompt_mask=self.prompt_mask[index],
+            response_ids=self.response_ids[index],
+            response_mask=self.response_mask[index],
+            logp=self.logp[index],
+            entropy=self.entropy[index],
+            truncated=self.truncated[index],
+            hidden=pick(self.hidden),
+            extras={k: v[index] for k, v in self.extras.items()},
+        )
+
+
+def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
+    """Stack rollouts of different widths (prompts re-padded left, responses right)."""
+    if len(parts) == 1:
+        return parts[0]
+    p = max(r.prompt_ids.shape[1] for r in parts)
+    t = max(r.response_ids.shape[1] for r in parts)
+
+    def left(x: torch.Tensor, width: int, value: float) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (width - x.shape[1], 0), value=value)
+
+    def right(x: torch.Tensor, width: int, value: float) -> torch.Tensor:
+        pad = (0, 0, 0, width - x.shape[1]) if x.dim() == 3 else (0, width - x.shape[1])
+        return torch.nn.functional.pad(x, pad, value=value)
+
+    hidden = None
+    if all(r.hidden is not None for r in parts):
+        hidden = torch.cat([right(r.hidden, t, 0.0) for r in parts])
+    extras = {
+        k: torch.cat([right(r.extras[k], t, 0) for r in parts])
+        for k in parts[0].extras
+        if all(k in r.extras for r in parts)
+    }
+    return Rollouts(
+        prompt_ids=torch.cat([left(r.prompt_ids, p, pad_id) for r in parts]),
+        prompt_mask=torch.cat([left(r.prompt_mask, p, 0) for r in parts]),
+        response_ids=torch.cat([right(r.response_ids, t, pad_id) for r in parts]),
+        response_mask=torch.cat([right(r.response_mask, t, 0.0) for r in parts]),
+        logp=torch.cat([right(r.logp, t, 0.0) for r in parts]),
+        entropy=torch.cat([right(r.entropy, t, 0.0) for r in parts]),
+        truncated=torch.cat([r.truncated for r in parts]),
+        generated_tokens=sum(r.generated_tokens for r in parts),
+        hidden=hidden,
+        extras=extras,
+    )
+
+
+class RolloutEngine(ABC):
+    """Samples responses for tokenised prompts."""
+
+    @abstractmethod
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollouts:
+        """One response per entry of `prompts` (repeat a prompt G times for a group)."""
+
+    def sync_weights(self) -> None:  # noqa: B027 - engines sharing the policy need nothing
+        """Called after each optimizer step; engines holding their own copy reload it."""

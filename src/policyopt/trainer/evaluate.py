@@ -1,0 +1,59 @@
+"""Held-out evaluation: greedy accuracy, and pass@k / avg@k / maj@k from k samples."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import datasets
+
+from policyopt.core import avg_at_k, maj_at_k, pass_at_k
+from policyopt.rollout.base import RolloutEngine, SamplingParams
+from policyopt.tasks.base import Task
+from policyopt.trainer.rollout_phase import decode, encode_prompts
+
+
+def evaluate(
+    *,
+    task: Task,
+    rows: datasets.Dataset,
+    tokenizer: Any,
+    engine: RolloutEngine,
+    max_new_tokens: int,
+    samples: int = 0,
+    temperature: float = 1.0,
+    chat: bool = False,
+    ks: list[int] | None = None,
+) -> dict[str, float]:
+    """Greedy accuracy over `rows`; with `samples` = n > 0 also pass@k, avg@n and maj@n."""
+    picked = [rows[i] for i in range(len(rows))]
+    _, ids = encode_prompts(task, tokenizer, picked, chat)
+    greedy = engine.generate(ids, SamplingParams(max_new_tokens=max_new_tokens, greedy=True))
+    texts = decode(tokenizer, greedy)
+    scores = [task.verify(t, row) or 0.0 for t, row in zip(texts, picked, strict=True)]
+    out = {"eval/accuracy": sum(s >= 1.0 for s in scores) / len(scores)}
+    if samples <= 0:
+        return out
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
+    sampled = engine.generate([p for p in ids for _ in range(samples)], params)
+    texts = decode(tokenizer, sampled)
+    ks = ks or [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= samples]
+    pass_sums = dict.fromkeys(ks, 0.0)
+    avg_sum = maj_sum = 0.0
+    for i, row in enumerate(picked):
+        mine = texts[i * samples : (i + 1) * samples]
+        correct = [(task.verify(t, row) or 0.0) >= 1.0 for t in mine]
+        c = sum(correct)
+        for k in ks:
+            pass_sums[k] += pass_at_k(samples, c, k)
+        avg_sum += avg_at_k([float(x) for x in correct])
+        maj_sum += maj_at_k([task.extract_answer(t) for t in mine], correct)
+    n = len(picked)
+    out.update({f"eval/pass@{k}": v / n for k, v in pass_sums.items()})
+    out[f"eval/avg@{samples}"] = avg_sum / n
+    out[f"eval/maj@{samples}"] = maj_sum / n
+    return out
+
+
+def eval_rows(task: Task, size: int) -> datasets.Dataset:
+    rows = task.rows("eval")
+    return rows.select(range(min(size, len(rows)))) if size else rows

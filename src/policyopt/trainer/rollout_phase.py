@@ -1,0 +1,242 @@
+"""Prompts -> G rollouts each -> rewards -> group filter (with DAPO dynamic sampling)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import datasets
+import torch
+
+from policyopt.core.filters import GROUP_FILTERS
+from policyopt.rewards.overlong import overlong_penalty
+from policyopt.rewards.shaping import SHAPERS
+from policyopt.rollout.base import RolloutEngine, Rollouts, SamplingParams, concat_rollouts
+from policyopt.tasks.base import Task
+from policyopt.trainer.config import Config
+
+
+@dataclass
+class Scored:
+    """One generation round's rollouts and verifier rewards."""
+
+    rollouts: Rollouts
+    group_ids: torch.Tensor
+    prompts: list[str]
+    completions: list[str]
+    columns: dict[str, list[Any]]
+    rewards: torch.Tensor  # weighted verifier total (plus the overlong term)
+    # The verifier total alone: what group filters look at (DAPO filters on accuracy, not on
+    # the length-shaped reward).
+    raw_rewards: torch.Tensor
+    correct: torch.Tensor
+    per_function: dict[str, list[float]] = field(default_factory=dict)
+    unparseable: int = 0
+
+
+@dataclass
+class RolloutTimes:
+    generation: float = 0.0
+    scoring: float = 0.0
+    rounds: int = 0
+    generated_tokens: int = 0
+    sampled_groups: int = 0
+
+
+def encode_prompts(
+    task: Task, tokenizer: Any, rows: list[dict[str, Any]], chat: bool
+) -> tuple[list[str], list[list[int]]]:
+    texts = [task.format_prompt(row) for row in rows]
+    if chat:
+        ids = [
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True
+            )
+            for t in texts
+        ]
+        ids = [list(x["input_ids"]) if isinstance(x, dict) else list(x) for x in ids]
+    else:
+        ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    return texts, ids
+
+
+def decode(tokenizer: Any, rollouts: Rollouts) -> list[str]:
+    lengths = rollouts.lengths.tolist()
+    return tokenizer.batch_decode(
+        [row[:n] for row, n in zip(rollouts.response_ids.tolist(), lengths, strict=True)],
+        skip_special_tokens=True,
+    )
+
+
+def generate_and_score(
+    *,
+    rows: datasets.Dataset,
+    indices: list[int],
+    group_offset: int,
+    task: Task,
+    tokenizer: Any,
+    engine: RolloutEngine,
+    reward_fn: Callable[..., Any],
+    config: Config,
+    times: RolloutTimes,
+) -> Scored:
+    g = config.rollout.group_size
+    picked = [rows[i] for i in indices]
+    texts, ids = encode_prompts(task, tokenizer, picked, config.model.chat_template)
+    params = SamplingParams(
+        max_new_tokens=config.rollout.max_new_tokens,
+        temperature=config.rollout.temperature,
+        top_p=config.rollout.top_p,
+        with_hidden=needs_hidden(config),
+    )
+    t0 = time.perf_counter()
+    rollouts = engine.generate([p for p in ids for _ in range(g)], params)
+    t1 = time.perf_counter()
+    completions = decode(tokenizer, rollouts)
+    prompts = [t for t in texts for _ in range(g)]
+    columns = {c: [row[c] for row in picked for _ in range(g)] for c in picked[0]}
+    result = reward_fn(prompts, completions, columns)
+    raw = torch.as_tensor(result.total, dtype=torch.float32)
+    rewards = raw
+    correct = raw >= config.reward.correct_threshold
+    ov = config.reward.overlong
+    if ov.enabled:
+        max_len = ov.max_len or config.rollout.max_new_tokens
+        buffer = ov.buffer_len or max(1, -(-max_len // 4))
+        rewards = rewards + overlong_penalty(rollouts.lengths, max_len, buffer)
+    times.generation += t1 - t0
+    times.scoring += time.perf_counter() - t1
+    times.rounds += 1
+    times.generated_tokens += rollouts.generated_tokens
+    times.sampled_groups += len(indices)
+    group_ids = torch.arange(group_offset, group_offset + len(indices)).repeat_interleave(g)
+    return Scored(
+        rollouts=rollouts,
+        group_ids=group_ids,
+        prompts=prompts,
+        completions=completions,
+        columns=columns,
+        rewards=rewards,
+        raw_rewards=raw,
+        correct=correct.bool(),
+        per_function={
+            k: [0.0 if v is None else float(v) for v in vals] for k, vals in result.raw.items()
+        },
+        unparseable=int(sum(result.unparseable.values())),
+    )
+
+
+def needs_hidden(config: Config) -> bool:
+    """Shapers that read the policy's hidden states (GAR) ask the engine to keep them, by
+    a `needs_hidden = True` attribute on their factory."""
+    return any(getattr(SHAPERS.get(s.name), "needs_hidden", False) for s in config.reward.shapers)
+
+
+def select(s: Scored, keep: torch.Tensor) -> Scored:
+    idx = keep.nonzero().squeeze(-1)
+    pick = idx.tolist()
+    return Scored(
+        rollouts=s.rollouts.select(idx),
+        group_ids=s.group_ids[idx],
+        prompts=[s.prompts[i] for i in pick],
+        completions=[s.completions[i] for i in pick],
+        columns={k: [v[i] for i in pick] for k, v in s.columns.items()},
+        rewards=s.rewards[idx],
+        raw_rewards=s.raw_rewards[idx],
+        correct=s.correct[idx],
+        per_function={k: [v[i] for i in pick] for k, v in s.per_function.items()},
+        unparseable=s.unparseable,
+    )
+
+
+def merge(parts: list[Scored], pad_id: int) -> Scored:
+    if len(parts) == 1:
+        return parts[0]
+    return Scored(
+        rollouts=concat_rollouts([p.rollouts for p in parts], pad_id),
+        group_ids=torch.cat([p.group_ids for p in parts]),
+        prompts=[x for p in parts for x in p.prompts],
+        completions=[x for p in parts for x in p.completions],
+        columns={k: [x for p in parts for x in p.columns[k]] for k in parts[0].columns},
+        rewards=torch.cat([p.rewards for p in parts]),
+        raw_rewards=torch.cat([p.raw_rewards for p in parts]),
+        correct=torch.cat([p.correct for p in parts]),
+        per_function={
+            k: [x for p in parts for x in p.per_function[k]] for k in parts[0].per_function
+        },
+        unparseable=sum(p.unparseable for p in parts),
+    )
+
+
+def collect_batch(
+    *,
+    next_indices: Callable[[int], list[int]],
+    config: Config,
+    pad_id: int,
+    times: RolloutTimes,
+    score_round: Callable[[list[int], int], Scored],
+) -> tuple[Scored | None, dict[str, float]]:
+    """Generate rounds of `prompts_per_step` prompts until enough groups pass the filters.
+
+    Without dynamic sampling this is one round. With it, groups whose rewards are all equal
+    are dropped and more prompts are sampled, for at most `max_sampling_rounds` rounds; the
+    batch is then cut to `prompts_per_step` groups (or trained as it is, if still short).
+    """
+    alg = config.algorithm
+    target = config.rollout.prompts_per_step
+    filters = []
+    if alg.dynamic_sampling:
+        filters.append(GROUP_FILTERS.get("nonconstant"))
+    if alg.group_filter is not None:
+        filters.append(GROUP_FILTERS.get(alg.group_filter))
+    rounds = alg.max_sampling_rounds if alg.dynamic_sampling else 1
+    kept: list[Scored] = []
+    all_rounds: list[Scored] = []
+    n_groups = 0
+    offset = 0
+    for _ in range(rounds):
+        scored = score_round(next_indices(target), offset)
+        offset += target
+        all_rounds.append(scored)
+        keep = torch.ones(len(scored.rewards), dtype=torch.bool)
+        for f in filters:
+            keep &= f(scored.raw_rewards, scored.group_ids)
+        if keep.any():
+            kept.append(select(scored, keep))
+            n_groups += int(torch.unique(scored.group_ids[keep]).numel())
+        if n_groups >= target:
+            break
+    sampled = merge(all_rounds, pad_id)
+    stats = {
+        "filter/kept_groups": float(n_groups),
+        "filter/sampled_groups": float(times.sampled_groups),
+        "filter/rounds": float(times.rounds),
+    }
+    if not kept:
+        return None, stats | _sample_stats(sampled)
+    batch = merge(kept, pad_id)
+    if alg.dynamic_sampling and n_groups > target:
+        first = torch.unique(batch.group_ids)[:target]
+        batch = select(batch, torch.isin(batch.group_ids, first))
+    return batch, stats | _sample_stats(sampled)
+
+
+def _sample_stats(s: Scored) -> dict[str, float]:
+    """Reward and accuracy over everything sampled this step (before filtering)."""
+    lengths = s.rollouts.lengths.float()
+    return {
+        "reward/mean": float(s.rewards.mean()),
+        "reward/std": float(s.rewards.std()) if len(s.rewards) > 1 else 0.0,
+        "accuracy": float(s.correct.float().mean()),
+        "response_length/mean": float(lengths.mean()),
+        "response_length/max": float(lengths.max()),
+        "truncated_fraction": float(s.rollouts.truncated.float().mean()),
+        "entropy": float(
+            (s.rollouts.entropy * s.rollouts.response_mask).sum()
+            / s.rollouts.response_mask.sum().clamp(min=1)
+        ),
+        "unparseable": float(s.unparseable),
+        **{f"reward/{k}": sum(v) / max(len(v), 1) for k, v in s.per_function.items()},
+    }

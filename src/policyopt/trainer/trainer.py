@@ -1,0 +1,312 @@
+"""The training loop: rollout -> rewards -> filter -> advantages -> update, with resume.
+
+The loop knows the plug points by name only (engines, reward functions, shapers, filters,
+advantage estimators, losses); methods are registered parts and presets, not subclasses.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rich.console import Console
+
+from policyopt.core import compute_advantages
+from policyopt.models.loading import load_model
+from policyopt.models.lora import apply_lora, disabled_adapter
+from policyopt.rewards.functions import RewardPipeline, build_reward_pipeline
+from policyopt.rewards.shaping import SHAPERS, ShapingContext
+from policyopt.rollout.base import ENGINES
+from policyopt.tasks.base import get_task
+from policyopt.trainer import checkpoint as ckpt
+from policyopt.trainer.batch import StepBatch
+from policyopt.trainer.config import Config, dump_config
+from policyopt.trainer.data import PromptSampler
+from policyopt.trainer.evaluate import eval_rows, evaluate
+from policyopt.trainer.metrics_log import MetricsLogger, progress_bar, read_metrics
+from policyopt.trainer.optim import build_optimizer
+from policyopt.trainer.plot import plot_metrics
+from policyopt.trainer.rollout_phase import RolloutTimes, Scored, collect_batch, generate_and_score
+from policyopt.trainer.update import UpdateContext, policy_update
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        model: torch.nn.Module | None = None,
+        tokenizer: Any = None,
+        console: Console | None = None,
+    ) -> None:
+        self.config = cfg = config
+        self.console = console or Console()
+        if cfg.train.num_threads:
+            torch.set_num_threads(cfg.train.num_threads)
+        seed_everything(cfg.train.seed)
+        self.output_dir = Path(cfg.train.output_dir)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        (self.output_dir / "config.yaml").write_text(dump_config(cfg))
+        self.task = get_task(cfg.task.name, **cfg.task.options)
+        self.train_rows = self.task.rows("train")
+        self.eval_rows = eval_rows(self.task, cfg.eval.size)
+        if model is None:
+            model, tokenizer = load_model(
+                cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.model.device
+            )
+        if cfg.model.lora.enabled:
+            lora = cfg.model.lora
+            model = apply_lora(
+                model,
+                rank=lora.rank,
+                alpha=lora.alpha,
+                target_modules=lora.target_modules,
+                dropout=lora.dropout,
+            )
+        self.model, self.tokenizer = model, tokenizer
+        self.pad_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        )
+        self.engine = ENGINES.get(cfg.rollout.engine)(
+            model, tokenizer, batch_size=cfg.rollout.batch_size
+        )
+        self.reward_fn: RewardPipeline = build_reward_pipeline(
+            [(f.name, f.weight) for f in cfg.reward.functions], self.task
+        )
+        self.shapers = [SHAPERS.get(s.name)(**s.options) for s in cfg.reward.shapers]
+        params = [p for p in model.parameters() if p.requires_grad]
+        updates_per_step = cfg.algorithm.ppo_epochs * cfg.algorithm.minibatches
+        self.optimizer, self.scheduler = build_optimizer(
+            params, cfg.optim, cfg.train.steps * updates_per_step
+        )
+        self.sampler = PromptSampler(len(self.train_rows), cfg.train.seed)
+        self.update_ctx = self._update_context()
+        self.step = 0
+        self.logger = MetricsLogger(self.output_dir, cfg.train.loggers, cfg.model_dump(mode="json"))
+        self._maybe_resume()
+
+    # ----------------------------------------------------------------- setup helpers
+    def _update_context(self) -> UpdateContext:
+        cfg = self.config
+        ref_model, ref_context = None, None
+        if cfg.algorithm.kl_coef > 0:
+            if cfg.model.lora.enabled:
+                # The reference policy is the base model: the adapter switched off.
+                ref_context = lambda: disabled_adapter(self.model)  # noqa: E731
+            else:
+                ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        return UpdateContext(
+            self.model, self.optimizer, self.scheduler, cfg, ref_model, ref_context
+        )
+
+    def _maybe_resume(self) -> None:
+        resume = self.config.train.resume
+        ckpt.remove_stale_temporaries(self.output_dir)
+        if resume is None:
+            return
+        path = ckpt.latest_checkpoint(self.output_dir) if resume == "auto" else Path(resume)
+        if path is None:
+            return
+        if not (path / ckpt.STATE_FILE).exists():
+            raise FileNotFoundError(f"resume: {path} is not a checkpoint (no {ckpt.STATE_FILE})")
+        ckpt.load_weights(self.model, path)
+        state = torch.load(path / ckpt.STATE_FILE, weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.load_state_dict(state["sampler"])
+        for shaper, s in zip(self.shapers, state.get("shapers", []), strict=False):
+            shaper.load_state_dict(s)
+        ckpt.set_rng_state(state["rng"])
+        self.step = state["step"]
+        self.logger.truncate_after(self.step)
+        self.console.print(f"resumed from {path} at step {self.step}")
+
+    def save(self) -> Path:
+        state = {
+            "step": self.step,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "shapers": [s.state_dict() for s in self.shapers],
+            "rng": ckpt.rng_state(),
+        }
+        return ckpt.save_checkpoint(
+            self.output_dir,
+            self.step,
+            self.model,
+            self.tokenizer,
+            state,
+            keep_last=self.config.train.keep_last,
+            save_merged=self.config.model.lora.save_merged,
+        )
+
+    # ----------------------------------------------------------------- the loop
+    def train(self, until_step: int | None = None) -> dict[str, float]:
+        """Train to `config.train.steps` (or stop early at `until_step`, saving there)."""
+        cfg = self.config.train
+        last = min(cfg.steps, until_step) if until_step is not None else cfg.steps
+        final: dict[str, float] = {}
+        with progress_bar(self.console, cfg.progress) as bar:
+            task_id = bar.add_task("train", total=cfg.steps, completed=self.step, status="")
+            while self.step < last:
+                metrics = self.train_step()
+                self.step += 1
+                if self.config.eval.every and self.step % self.config.eval.every == 0:
+                    metrics.update(self.evaluate())
+                if self.step % cfg.log_every == 0 or self.step == last:
+                    self.logger.log(self.step, metrics)
+                if cfg.save_every and self.step % cfg.save_every == 0:
+                    self.save()
+                bar.update(task_id, completed=self.step, status=_status(metrics))
+                final = metrics
+        if cfg.save_every == 0 or self.step % cfg.save_every != 0:
+            self.save()
+        if cfg.plot and self.step == cfg.steps:
+            plot_metrics(
+                read_metrics(self.logger.jsonl),
+                self.output_dir / "curves.png",
+                self.config.algorithm.name,
+            )
+        return final
+
+    def train_step(self) -> dict[str, float]:
+        cfg = self.config
+        t_start = time.perf_counter()
+        times = RolloutTimes()
+        scored, stats = collect_batch(
+            next_indices=self.sampler.take,
+            config=cfg,
+            pad_id=self.pad_id,
+            times=times,
+            score_round=lambda idx, offset: generate_and_score(
+                rows=self.train_rows,
+                indices=idx,
+                group_offset=offset,
+                task=self.task,
+                tokenizer=self.tokenizer,
+                engine=self.engine,
+                reward_fn=self.reward_fn,
+                config=cfg,
+                times=times,
+            ),
+        )
+        metrics = dict(stats)
+        t_update = time.perf_counter()
+        if scored is None:
+            metrics["skipped_update"] = 1.0
+        else:
+            batch, shaping_metrics = self._shape(scored)
+            metrics.update(shaping_metrics)
+            metrics.update(policy_update(self.update_ctx, batch))
+            self.engine.sync_weights()
+            if cfg.train.log_samples:
+                self._log_samples(batch)
+        t_end = time.perf_counter()
+        metrics.update(
+            {
+                "time/generation": times.generation,
+                "time/scoring": times.scoring,
+                "time/training": t_end - t_update,
+                "time/step": t_end - t_start,
+                "generated_tokens": float(times.generated_tokens),
+                "tokens_per_s": times.generated_tokens / max(t_end - t_start, 1e-9),
+            }
+        )
+        return metrics
+
+    def _shape(self, s: Scored) -> tuple[StepBatch, dict[str, float]]:
+        cfg = self.config
+        rewards = s.rewards
+        metrics: dict[str, float] = {}
+        ctx = ShapingContext(
+            step=self.step,
+            total_steps=cfg.train.steps,
+            group_ids=s.group_ids,
+            correct=s.correct,
+            prompts=s.prompts,
+            completions=s.completions,
+            columns=s.columns,
+            rollouts=s.rollouts,
+            model=self.model,
+            tokenizer=self.tokenizer,
+            logit_chunk_size=cfg.model.logit_chunk_size,
+            raw=s.per_function,
+        )
+        for shaper in self.shapers:
+            rewards, m = shaper(rewards, ctx)
+            metrics.update(m)
+        advantages = compute_advantages(
+            cfg.algorithm.advantage, rewards, s.group_ids, **cfg.algorithm.advantage_options
+        )
+        loss_mask = s.rollouts.response_mask
+        if cfg.reward.overlong.filter_truncated:
+            loss_mask = loss_mask * (~s.rollouts.truncated).float()[:, None]
+        batch = StepBatch(
+            rollouts=s.rollouts,
+            group_ids=s.group_ids,
+            prompts=s.prompts,
+            completions=s.completions,
+            columns=s.columns,
+            rewards=rewards,
+            raw_rewards=s.raw_rewards,
+            correct=s.correct,
+            advantages=advantages,
+            loss_mask=loss_mask,
+            per_function=s.per_function,
+        )
+        metrics["advantage/abs_mean"] = float(advantages.abs().mean())
+        metrics["reward/shaped_mean"] = float(rewards.mean())
+        return batch, metrics
+
+    def _log_samples(self, batch: StepBatch) -> None:
+        k = min(self.config.train.log_samples, len(batch))
+        self.logger.log_samples(
+            self.step + 1,
+            [
+                {
+                    "prompt": batch.prompts[i],
+                    "completion": batch.completions[i],
+                    "reward": float(batch.rewards[i]),
+                }
+                for i in range(k)
+            ],
+        )
+
+    def evaluate(self, samples: int | None = None) -> dict[str, float]:
+        cfg = self.config
+        with torch.no_grad(), nullcontext():
+            return evaluate(
+                task=self.task,
+                rows=self.eval_rows,
+                tokenizer=self.tokenizer,
+                engine=self.engine,
+                max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+                samples=cfg.eval.samples if samples is None else samples,
+                temperature=cfg.eval.temperature,
+                chat=cfg.model.chat_template,
+            )
+
+    def close(self) -> None:
+        self.logger.close()
+
+
+def _status(m: dict[str, float]) -> str:
+    parts = [
+        f"reward {m.get('reward/mean', float('nan')):.3f}",
+        f"acc {m.get('accuracy', float('nan')):.2f}",
+    ]
+    if "eval/accuracy" in m:
+        parts.append(f"eval {m['eval/accuracy']:.2f}")
+    return "  ".join(parts)

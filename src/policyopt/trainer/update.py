@@ -1,0 +1,171 @@
+"""The policy update: mu passes of minibatch optimizer steps over one rollout batch.
+
+Normalisers (token and sequence counts) are those of the whole minibatch, so the summed
+micro-batch losses and gradients equal one pass over the minibatch (see core.aggregation).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from policyopt.core import aggregate, compute_policy_loss, kl_penalty
+from policyopt.models.logprobs import response_logprobs
+from policyopt.trainer.batch import StepBatch, micro_slices, trim
+from policyopt.trainer.config import Config
+
+
+@dataclass
+class UpdateContext:
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    config: Config
+    # Reference log-probs come from this model, or from `model` under this context manager
+    # (a LoRA policy with its adapter disabled).
+    ref_model: torch.nn.Module | None = None
+    ref_context: Any = None
+
+
+def batch_logprobs(
+    model: torch.nn.Module, batch: StepBatch, config: Config, index: torch.Tensor
+) -> torch.Tensor:
+    """No-grad log-probs of rows `index` under `model`, padded to the batch's width [n, R]."""
+    r = batch.rollouts
+    out = torch.zeros(len(index), r.response_ids.shape[1])
+    with torch.no_grad():
+        for sl in micro_slices(len(index), config.train.micro_batch_size):
+            rows = index[sl]
+            ids, mask, width = trim(
+                r.prompt_ids[rows], r.prompt_mask[rows], r.response_ids[rows], r.response_mask[rows]
+            )
+            lp = response_logprobs(
+                model,
+                ids,
+                mask,
+                width,
+                temperature=config.rollout.temperature,
+                chunk_size=config.model.logit_chunk_size,
+            ).logp
+            out[sl, :width] = lp.float()
+    return out
+
+
+def policy_update(ctx: UpdateContext, batch: StepBatch) -> dict[str, float]:
+    cfg = ctx.config
+    alg = cfg.algorithm
+    n = len(batch)
+    everything = torch.arange(n)
+    # The behaviour policy's log-probs are needed only when the policy moves during the
+    # update; with one optimizer step per batch the ratio is exactly 1 and logp.detach()
+    # gives the same loss and gradient (as TRL and verl do on-policy).
+    off_policy = alg.ppo_epochs > 1 or alg.minibatches > 1
+    old_logp = batch_logprobs(ctx.model, batch, cfg, everything) if off_policy else None
+    ref_logp = None
+    if alg.kl_coef > 0:
+        ref = ctx.ref_model if ctx.ref_model is not None else ctx.model
+        with ctx.ref_context() if ctx.ref_context is not None else nullcontext():
+            ref_logp = batch_logprobs(ref, batch, cfg, everything)
+    sums: dict[str, float] = defaultdict(float)
+    weight = 0.0
+    grad_norms: list[float] = []
+    ctx.model.train()
+    for _ in range(alg.ppo_epochs):
+        order = torch.randperm(n) if alg.minibatches > 1 else everything
+        for minibatch in order.chunk(alg.minibatches):
+            metrics, tokens = _minibatch_step(ctx, batch, minibatch, old_logp, ref_logp)
+            for k, v in metrics.items():
+                sums[k] += v * tokens
+            weight += tokens
+            grad_norms.append(_optimizer_step(ctx))
+    out = {k: v / max(weight, 1.0) for k, v in sums.items()}
+    out["grad_norm"] = sum(grad_norms) / len(grad_norms)
+    out["lr"] = ctx.scheduler.get_last_lr()[0]
+    return out
+
+
+def _minibatch_step(
+    ctx: UpdateContext,
+    batch: StepBatch,
+    minibatch: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    ref_logp: torch.Tensor | None,
+) -> tuple[dict[str, float], float]:
+    cfg, alg, r = ctx.config, ctx.config.algorithm, batch.rollouts
+    loss_mask = batch.loss_mask if batch.loss_mask is not None else r.response_mask
+    norms = {
+        "global_tokens": float(loss_mask[minibatch].sum()),
+        "global_seqs": float(len(minibatch)),
+        "max_len": cfg.rollout.max_new_tokens,
+    }
+    sums: dict[str, float] = defaultdict(float)
+    for sl in micro_slices(len(minibatch), cfg.train.micro_batch_size):
+        rows = minibatch[sl]
+        ids, mask, width = trim(
+            r.prompt_ids[rows], r.prompt_mask[rows], r.response_ids[rows], r.response_mask[rows]
+        )
+        logp = response_logprobs(
+            ctx.model,
+            ids,
+            mask,
+            width,
+            temperature=cfg.rollout.temperature,
+            chunk_size=cfg.model.logit_chunk_size,
+        ).logp
+        m = loss_mask[rows, :width]
+        adv = batch.advantages[rows]
+        if adv.dim() == 2:
+            adv = adv[:, :width]
+        old = logp.detach() if old_logp is None else old_logp[rows, :width]
+        options = {**_structure(r.extras, rows, width), **alg.loss_options}
+        loss, metrics = compute_policy_loss(
+            alg.loss,
+            logp,
+            old,
+            adv,
+            m,
+            agg=alg.agg,
+            clip_low=alg.clip_low,
+            clip_high=alg.clip_high,
+            **norms,
+            **options,
+        )
+        if ref_logp is not None:
+            kl = kl_penalty(logp, ref_logp[rows, :width], alg.kl_estimator)
+            kl_loss = aggregate(
+                kl, m, alg.agg if alg.loss != "gspo" else "seq-mean-token-mean", **norms
+            )
+            loss = loss + alg.kl_coef * kl_loss
+            metrics["kl_ref"] = float((kl.detach() * m).sum() / m.sum().clamp(min=1))
+        loss.backward()
+        tokens = float(m.sum())
+        for k, v in metrics.items():
+            sums[k] += float(v) * tokens
+        sums["loss"] += float(loss.detach())  # micro losses sum to the minibatch loss
+    total = norms["global_tokens"]
+    out = {k: v / max(total, 1.0) for k, v in sums.items() if k != "loss"}
+    out["loss"] = sums["loss"]
+    return out, total
+
+
+def _structure(extras: dict[str, torch.Tensor], rows: torch.Tensor, width: int) -> dict[str, Any]:
+    """Per-token structure stored at rollout time (HISPO segment ids, ...) for the loss."""
+    return {k: v[rows, :width] for k, v in extras.items() if k in LOSS_STRUCTURE_KEYS}
+
+
+# Extras a loss takes as keyword arguments.
+LOSS_STRUCTURE_KEYS = {"segment_ids", "entropies"}
+
+
+def _optimizer_step(ctx: UpdateContext) -> float:
+    params = [p for p in ctx.model.parameters() if p.requires_grad]
+    max_norm = ctx.config.optim.max_grad_norm
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
+    ctx.optimizer.step()
+    ctx.scheduler.step()
+    ctx.optimizer.zero_grad(set_to_none=True)
+    return float(norm)

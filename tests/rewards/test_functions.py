@@ -1,0 +1,192 @@
+"""Reward functions: registry and loading, task adaptation, the weighted pipeline and its
+errors."""
+
+import math
+
+import pytest
+import torch
+
+from policyopt.rewards import (
+    REWARD_FUNCTIONS,
+    RewardFunctionError,
+    RewardPipeline,
+    build_reward_pipeline,
+    format_reward,
+    load_reward_function,
+    task_reward_function,
+)
+from policyopt.tasks import ArithmeticTask
+
+NOT_CALLABLE = 3
+
+
+def only_kwargs(prompts, completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+@pytest.mark.parametrize(
+    ("completion", "reward"),
+    [
+        ("1+2=3. A:3", 1.0),
+        ("A:-12\n", 1.0),
+        ("A:3.", 0.0),
+        ("A:3 and more", 0.0),
+        ("3", 0.0),
+        ("A:", 0.0),
+    ],
+)
+def test_format_reward_by_hand(completion, reward):
+    assert format_reward(["p"], [completion]) == [reward]
+
+
+def test_load_registered_and_module_function():
+    assert "format" in REWARD_FUNCTIONS.names()
+    assert load_reward_function("format") is format_reward
+    assert load_reward_function(f"{__name__}:only_kwargs") is only_kwargs
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            "formt",
+            r"unknown reward function 'formt'; did you mean 'format'\?.*format.*module\.path:function",
+        ),
+        (
+            "no_such_module_xyz:f",
+            r"cannot import module 'no_such_module_xyz'.*registered names: .*format",
+        ),
+        (
+            "math:no_such_function",
+            r"module 'math' has no attribute 'no_such_function'; registered names: .*format",
+        ),
+        (f"{__name__}:NOT_CALLABLE", r"is not callable \(it is a int\)"),
+    ],
+)
+def test_load_errors(spec, message):
+    with pytest.raises(ValueError, match=message):
+        load_reward_function(spec)
+
+
+def test_task_reward_function_adapts_verify():
+    task = ArithmeticTask(train_size=1, eval_size=1)
+    fn = task_reward_function(task)
+    assert fn.__name__ == "arithmetic_verify"
+    values = fn(
+        ["Q:1+2=?\n"] * 3,
+        ["1+2=3. A:3", "A:4", "no answer"],
+        answer=["3", "3", "3"],
+        level=[1, 1, 1],
+    )
+    assert values == [1.0, 0.0, None]
+    with pytest.raises(ValueError, match="column 'answer' has 2 values for 3 completions"):
+        fn(["p"] * 3, ["a", "b", "c"], answer=["1", "2"])
+
+
+def constant(value):
+    return lambda prompts, completions, **columns: [value(i) for i in range(len(completions))]
+
+
+def test_pipeline_weighted_total_raw_values_and_unparseable_by_hand():
+    f1 = constant(lambda i: [1.0, None, 0.0][i])
+    f2 = constant(lambda i: [0.5, 1.0, True][i])
+    pipeline = RewardPipeline([("a", f1, 1.0), ("b", f2, -2.0)])
+    result = pipeline(["p"] * 3, ["x", "y", "z"], {"answer": [1, 2, 3]})
+    # total_i = 1.0 * a_i + (-2.0) * b_i with None -> 0
+    torch.testing.assert_close(result.total, torch.tensor([0.0, -2.0, -2.0]))
+    assert result.raw == {"a": [1.0, None, 0.0], "b": [0.5, 1.0, 1.0]}
+    assert result.unparseable == {"a": 1, "b": 0}
+    metrics = result.metrics()
+    assert metrics["reward/a/mean"] == pytest.approx(1 / 3)
+    assert metrics["reward/a/unparseable"] == 1.0
+    assert metrics["reward/b/mean"] == pytest.approx(2.5 / 3)
+    assert metrics["reward/total/mean"] == pytest.approx(-4 / 3)
+
+
+def test_pipeline_passes_columns_as_keyword_lists():
+    seen = {}
+
+    def spy(prompts, completions, **columns):
+        seen.update(prompts=prompts, completions=completions, **columns)
+        return [0.0] * len(completions)
+
+    RewardPipeline([("spy", spy, 1.0)])(
+        ["p1", "p2"], ["c1", "c2"], {"answer": ["1", "2"], "level": [1, 3]}
+    )
+    assert seen == {
+        "prompts": ["p1", "p2"],
+        "completions": ["c1", "c2"],
+        "answer": ["1", "2"],
+        "level": [1, 3],
+    }
+
+
+def test_exception_names_function_sample_and_completion():
+    def fragile(prompts, completions, **columns):
+        return [1.0 / (0 if "boom" in c else 1) for c in completions]
+
+    long = "boom" + "x" * 200
+    pipeline = RewardPipeline([("fragile", fragile, 1.0)])
+    with pytest.raises(RewardFunctionError) as caught:
+        pipeline(["p"] * 3, ["ok", "fine", long], {})
+    message = str(caught.value)
+    assert "'fragile'" in message and "sample 2" in message
+    assert repr(long[:80]) in message and long[:81] not in message
+    assert isinstance(caught.value.__cause__, ZeroDivisionError)
+
+
+def test_batch_only_failure_is_reported_as_such():
+    def batch_hater(prompts, completions, **columns):
+        if len(completions) > 1:
+            raise RuntimeError("batched")
+        return [1.0]
+
+    with pytest.raises(
+        RewardFunctionError, match="failed on the batch of 2 .*no single sample"
+    ) as caught:
+        RewardPipeline([("bh", batch_hater, 1.0)])(["p", "q"], ["a", "b"], {})
+    assert isinstance(caught.value.__cause__, RuntimeError)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ([1.0], "returned 1 values for 2 completions"),
+        ([1.0, "yes"], r"returned 'yes' for sample 1: not a number or None"),
+        ([math.nan, 1.0], "returned nan for sample 0"),
+    ],
+)
+def test_bad_return_values(values, message):
+    pipeline = RewardPipeline([("bad", lambda p, c, **k: values, 1.0)])
+    with pytest.raises(RewardFunctionError, match=message):
+        pipeline(["p", "q"], ["a", "b"], {})
+
+
+def test_pipeline_input_errors():
+    pipeline = RewardPipeline([("fmt", format_reward, 1.0)])
+    with pytest.raises(ValueError, match="1 prompts for 2 completions"):
+        pipeline(["p"], ["a", "b"], {})
+    with pytest.raises(ValueError, match="column 'answer' has 1 values for 2 completions"):
+        pipeline(["p", "q"], ["a", "b"], {"answer": ["1"]})
+    with pytest.raises(ValueError, match="clashes"):
+        pipeline(["p", "q"], ["a", "b"], {"completions": ["1", "2"]})
+    with pytest.raises(ValueError, match="at least one"):
+        RewardPipeline([])
+    with pytest.raises(ValueError, match=r"repeated: \['fmt'\]"):
+        RewardPipeline([("fmt", format_reward, 1.0), ("fmt", format_reward, 2.0)])
+    with pytest.raises(ValueError, match="non-finite weight"):
+        RewardPipeline([("fmt", format_reward, math.inf)])
+    with pytest.raises(ValueError, match="not callable"):
+        RewardPipeline([("x", 3, 1.0)])
+
+
+def test_build_reward_pipeline_with_task_and_registered_names():
+    task = ArithmeticTask(train_size=1, eval_size=1)
+    pipeline = build_reward_pipeline(
+        [("task", 1.0), ("format", 0.5), (f"{__name__}:only_kwargs", 0.0)], task
+    )
+    result = pipeline(["Q"] * 3, ["A:3", "A:3 ", "oops A:2."], {"answer": ["3", "4", "2"]})
+    # task: 1, 0, 1; format: 1, 1, 0 -> 1.5, 0.5, 1.0
+    torch.testing.assert_close(result.total, torch.tensor([1.5, 0.5, 1.0]))
+    with pytest.raises(ValueError, match="needs a task"):
+        build_reward_pipeline([("task", 1.0)])

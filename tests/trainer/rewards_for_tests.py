@@ -1,0 +1,14 @@
+"""Reward functions that tests load by `module:function` (this folder is on sys.path)."""
+
+
+def digit_fraction(prompts, completions, **columns):
+    """Fraction of digits in a completion: varies even for an untrained model, so groups
+    have non-zero advantages and every step really moves the parameters."""
+    return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
+
+
+def raises_on_odd_answer(prompts, completions, answer, **columns):
+    """Fails on the samples of problems with an odd answer."""
+    if any(int(a) % 2 for a in answer):
+        raise ZeroDivisionError("boom")
+    return [0.0] * len(completions)

@@ -1,0 +1,106 @@
+"""Resuming continues exactly: 4 steps == 2 steps + resume + 2 steps, bit for bit."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+from conftest import HERE, small_overrides
+from safetensors.torch import load_file
+
+from policyopt.trainer.checkpoint import latest_checkpoint, list_checkpoints
+from policyopt.trainer.trainer import Trainer
+
+
+def params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def run(config, until=None) -> Trainer:
+    trainer = Trainer(config)
+    trainer.train(until_step=until)
+    trainer.close()
+    return trainer
+
+
+def test_resume_is_bit_identical(tmp_path, small_config) -> None:
+    straight = Trainer(small_config(tmp_path / "a"))
+    before = params(straight.model)
+    straight.train()
+    after = params(straight.model)
+    assert any(not torch.equal(before[k], after[k]) for k in before), (
+        "training must move the weights"
+    )
+
+    first = run(small_config(tmp_path / "b"), until=2)
+    assert first.step == 2
+    resumed = Trainer(small_config(tmp_path / "b"))
+    assert resumed.step == 2
+    resumed.train()
+    assert resumed.step == 4
+    got = params(resumed.model)
+    assert all(torch.equal(after[k], got[k]) for k in after)
+    # Optimizer moments continue too (not just the weights).
+    s1, s2 = straight.optimizer.state_dict()["state"], resumed.optimizer.state_dict()["state"]
+    assert all(torch.equal(s1[i]["exp_avg_sq"], s2[i]["exp_avg_sq"]) for i in s1)
+
+
+def test_metrics_log_has_each_step_once_after_resume(tmp_path, small_config) -> None:
+    run(small_config(tmp_path), until=3)
+    run(small_config(tmp_path))
+    steps = [
+        int(line.split('"step": ')[1].split(",")[0])
+        for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert steps == [1, 2, 3, 4]
+
+
+def test_keeps_last_k_checkpoints(tmp_path, small_config) -> None:
+    run(small_config(tmp_path, "train.save_every=1", "train.keep_last=2"))
+    names = [p.name for p in list_checkpoints(tmp_path)]
+    assert names == ["step-00000003", "step-00000004"]
+    ckpt = latest_checkpoint(tmp_path)
+    assert (ckpt / "model.safetensors").exists() and (ckpt / "trainer_state.pt").exists()
+    assert not any(p.name.startswith(".tmp") for p in (tmp_path / "checkpoints").iterdir())
+
+
+def test_resume_after_kill_mid_run(tmp_path, small_config) -> None:
+    """Kill -9 a training process at some point after its second checkpoint (mid-step or
+    mid-save), resume, and land on the same weights as an uninterrupted run."""
+    reference = tmp_path / "ref"
+    run(small_config(reference, steps=6))
+    killed = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "policyopt.cli.main",
+        "train",
+        *small_overrides(killed, steps=6),
+        "train.save_every=1",
+        "train.keep_last=3",
+    ]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        done = list_checkpoints(killed)
+        if done and int(done[-1].name.split("-")[1]) >= 2:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, (
+        f"the run ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
+    )
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    stopped_at = int(latest_checkpoint(killed).name.split("-")[1])
+    assert 2 <= stopped_at < 6
+    resumed = Trainer(small_config(killed, steps=6))
+    assert resumed.step == stopped_at
+    resumed.train()
+    resumed.close()
+    a = load_file(latest_checkpoint(reference) / "model.safetensors")
+    b = load_file(latest_checkpoint(killed) / "model.safetensors")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
