@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from lxml import html
 
+from policyopt.rewards import docparse_table
 from policyopt.rewards.docparse_table import parse_html_table, table_reward, teds
 
 
@@ -68,13 +69,17 @@ def to_tree(node):
 
 def reference_teds(pred, ref):
     a, b = (to_tree(html.fromstring(s)) for s in (pred, ref))
-    size = lambda t: 1 + sum(size(c) for c in t.children)  # noqa: E731
+
+    def size(t):
+        return 1 + sum(size(c) for c in t.children)
+
     return 1.0 - APTED(a, b, PubTabNet()).compute_edit_distance() / max(size(a), size(b))
 
 
 def random_table_pair(rng, rows, cols):
     """A reference table and a prediction with a few edits: text, spans, dropped cells,
     bold, duplicated rows; a thead half of the time."""
+
     def text():
         return "".join(rng.choice(string.ascii_letters + " .") for _ in range(rng.randint(0, 7)))
 
@@ -161,6 +166,13 @@ def test_no_table_malformed_and_surroundings():
         table_reward(TWO_BY_TWO, TWO_BY_TWO, structure_cost=0.0)
 
 
+def test_huge_tables_fall_back_to_sequence_similarity(monkeypatch, caplog):
+    monkeypatch.setattr(docparse_table, "MAX_NODE_PAIRS", 8)
+    # 3 x 3 nodes > 8: sequences [a, td, tr, table] vs [b, td, tr, table]: 1 edit of 4.
+    assert teds(tbl("<td>a</td>"), tbl("<td>b</td>")) == pytest.approx(0.75)
+    assert "MAX_NODE_PAIRS" in caplog.text
+
+
 def test_deep_nesting_does_not_hit_the_recursion_limit():
     deep = "<table><tr><td>" + "<b>" * 3000 + "x" + "</b>" * 3000 + "</td></tr></table>"
     assert 0.0 <= table_reward(deep, tbl("<td>x</td>")) <= 1.0
@@ -183,8 +195,11 @@ def test_unit_costs_equal_the_reference_package():
     rng = random.Random(1)
     for _ in range(15):
         pred, ref = random_table_pair(rng, rng.randint(2, 5), rng.randint(2, 5))
-        wrap = lambda s: f"<html><body>{s}</body></html>"  # noqa: E731  (it needs body/table)
-        assert teds(pred, ref) == pytest.approx(reference(wrap(pred), wrap(ref)), abs=1e-9)
+        # The reference only finds a table at body/table.
+        expected = reference(
+            f"<html><body>{pred}</body></html>", f"<html><body>{ref}</body></html>"
+        )
+        assert teds(pred, ref) == pytest.approx(expected, abs=1e-9)
 
 
 # --- Fuzzing ---------------------------------------------------------------------------

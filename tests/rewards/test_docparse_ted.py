@@ -128,7 +128,9 @@ def test_mirroring_is_chosen_for_a_heavy_right_subtree_and_keeps_the_value():
     # root(thead(tr(4 leaves)), tbody(3 × tr(4 leaves))): the left decomposition makes tbody a
     # big keyroot; the mirrored tree has less work, and the distance must not change.
     def table(labels):
-        row = lambda: Node(2, [Node(labels.pop()) for _ in range(4)])  # noqa: E731
+        def row():
+            return Node(2, [Node(labels.pop()) for _ in range(4)])
+
         return Node(0, [Node(1, [row()]), Node(1, [row() for _ in range(3)])])
 
     rng = random.Random(2)

@@ -14,12 +14,16 @@ from rich.table import Table
 
 def add_compare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="compare methods over seeds: mean and 95%% CI")
-    p.add_argument("recipes", nargs="+", help="recipe or method names (e.g. grpo dapo gspo)")
+    p.add_argument(
+        "recipes",
+        nargs="+",
+        metavar="RECIPE_OR_KEY=VALUE",
+        help="recipe or method names (e.g. grpo dapo gspo), then KEY=VALUE overrides for all",
+    )
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--samples", type=int, default=8, help="samples per held-out problem (pass@k)")
     p.add_argument("--output-dir", default="runs/compare")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="applied to every method")
-    p.set_defaults(func=run_compare)
+    p.set_defaults(func=run_compare, overrides=[])
 
 
 def run_compare(args: argparse.Namespace) -> int:
@@ -27,9 +31,11 @@ def run_compare(args: argparse.Namespace) -> int:
     from policyopt.recipes.pipeline import run_pipeline
 
     console = Console()
+    names = [r for r in args.recipes if "=" not in r]
+    overrides = [r for r in args.recipes if "=" in r] + args.overrides
     root = Path(args.output_dir)
     runs: dict[str, list[dict[str, Any]]] = {}
-    for name in args.recipes:
+    for name in names:
         for seed in range(args.seeds):
             out = root / name / f"seed-{seed}"
             summary_file = out / "summary.json"
@@ -37,7 +43,7 @@ def run_compare(args: argparse.Namespace) -> int:
                 runs.setdefault(name, []).append(json.loads(summary_file.read_text()))
                 continue
             config = recipe_config(
-                name, [*args.overrides, f"eval.samples={args.samples}"], str(out), seed
+                name, [*overrides, f"eval.samples={args.samples}"], str(out), seed
             )
             runs.setdefault(name, []).append(run_pipeline(config, console))
     rows = summarise(runs)

@@ -13,7 +13,13 @@ def main(argv: list[str] | None = None) -> int:
 
     hf_logging.disable_progress_bar()  # our own progress bars say what is happening
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # KEY=VALUE overrides may follow options (argparse would not resume a positional there).
+    args, unknown = parser.parse_known_args(argv)
+    stray = [u for u in unknown if u.startswith("-") or "=" not in u]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if unknown:
+        args.overrides = [*getattr(args, "overrides", []), *unknown]
     if not getattr(args, "func", None):
         parser.print_help()
         return 1

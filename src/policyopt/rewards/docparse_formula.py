@@ -14,7 +14,8 @@
 
 Normalisation (for both parsing and r_struct): outer math delimiters ($…$, $$…$$, \\(…\\),
 \\[…\\]) and thin spaces (\\, \\; \\: \\!) are removed, and whitespace is dropped except the
-one space that separates a control word from a following letter (`\\alpha x`).
+one space that separates a control word from a following letter (`\\alpha x`). Symbols are
+compared case-insensitively (latex2sympy2_extended's default `lowercase_symbols`).
 
 sympy can hang or exhaust memory on some inputs (`10^{10^{10}}`, `(x+1)^{100000}`), inside C
 code that no signal or thread can interrupt. So parsing and equivalence run in a separate
@@ -217,6 +218,12 @@ def _worker() -> _Worker:
     return _current
 
 
+@atexit.register
+def _stop_worker() -> None:
+    if _current is not None and _current.alive():
+        _current.kill()
+
+
 class _Worker:
     """A child Python process answering JSON lines: {"pred", "ref"} -> {"parsed"}, {"equal"}."""
 
@@ -247,20 +254,24 @@ class _Worker:
                 "formula_reward: the sympy worker process did not start (is "
                 "latex2sympy2_extended installed?); timeout_s=None runs in this process"
             )
-        atexit.register(self.kill)
 
     def alive(self) -> bool:
         return self.pid == os.getpid() and self.proc.poll() is None
 
     def check(self, pred: str, ref: str | None, timeout_s: float) -> tuple[bool, bool]:
-        self.proc.stdin.write(json.dumps({"pred": pred, "ref": ref}) + "\n")
-        self.proc.stdin.flush()
-        parsed = self._reply(timeout_s)
+        try:
+            self.proc.stdin.write(json.dumps({"pred": pred, "ref": ref}) + "\n")
+            self.proc.stdin.flush()
+        except OSError:  # the worker died since alive() (e.g. a crash on the last input)
+            self.kill()
+            return False, False
+        parsed = self._reply(timeout_s)  # None: timed out or died on this input
         if parsed is None:
             self.kill()
             return False, False
         if not parsed["parsed"]:
-            self._reply(timeout_s)  # the matching {"equal": false}
+            if self._reply(timeout_s) is None:  # the matching {"equal": false}, to stay in step
+                self.kill()
             return False, False
         equal = self._reply(timeout_s)
         if equal is None:

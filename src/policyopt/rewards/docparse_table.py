@@ -17,8 +17,14 @@ tables whose cells are `td`, with three documented differences that only matter 
 `th` cells have their content compared (the reference skips `th` text), the table may sit
 anywhere in the string (the reference needs `<html><body><table>`), and a score the reference
 would make negative (trees so different that TED > max size) is clipped to 0. The weighted
-variant keeps the published normaliser (node count), so weighting only adds penalty:
-R_w ≤ TEDS, with structural errors costing twice what they cost in TEDS.
+variant keeps the published normaliser (node count), so with costs >= 1 weighting only adds
+penalty: with the defaults (2, 1) R_w ≤ TEDS, structural errors costing twice what they cost
+in TEDS and content errors the same.
+
+Memory: the exact distance holds a few float arrays of |T_pred| × |T_ref| cells. Beyond
+`MAX_NODE_PAIRS` (2,000 × 2,000 nodes, e.g. two 40 × 50 tables) the reward
+falls back, with a warning, to 1 − normalised Levenshtein distance between the two trees'
+postorder sequences (each cell's tokens followed by its label, other nodes' labels).
 
 A string without a parseable `<table>` scores 0 (also when both strings lack one: an output
 that is not a table cannot be rewarded as one). Nothing here raises on any string.
@@ -26,6 +32,7 @@ that is not a table cannot be rewarded as one). Nothing here raises on any strin
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from dataclasses import dataclass
@@ -39,6 +46,9 @@ from rapidfuzz.process import cdist
 from policyopt.rewards.docparse_ted import tree_edit_distance
 
 CELL_TAGS = ("td", "th")
+MAX_NODE_PAIRS = 4_000_000  # |T_pred| · |T_ref| above which the sequence fallback is used
+
+logger = logging.getLogger(__name__)
 
 _local = threading.local()  # lxml parsers must not be shared between threads
 
@@ -46,7 +56,7 @@ _local = threading.local()  # lxml parsers must not be shared between threads
 @dataclass(frozen=True)
 class HtmlTableTree:
     """A table's tree in postorder: parent index per node (root last, -1), a hashable label
-    per node, and the content tokens of each cell node (empty for the other nodes)."""
+    per node, and the content tokens of each cell node (None for the other nodes)."""
 
     parent: tuple[int, ...]
     label: tuple[tuple, ...]
@@ -69,6 +79,13 @@ def table_reward(
         return 0.0
     if pred == ref:
         return 1.0
+    if len(pred) * len(ref) > MAX_NODE_PAIRS:
+        logger.warning(
+            "table_reward: %d x %d nodes exceed MAX_NODE_PAIRS; using the sequence fallback",
+            len(pred),
+            len(ref),
+        )
+        return float(Levenshtein.normalized_similarity(_sequence(pred), _sequence(ref)))
     distance = table_edit_distance(pred, ref, structure_cost, content_cost)
     return min(1.0, max(0.0, 1.0 - distance / max(len(pred), len(ref))))
 
@@ -190,6 +207,15 @@ def _cell_tokens(cell: etree._Element) -> tuple[str, ...]:
             if element.tag != "td":
                 tokens.extend(element.tail or "")
     return tuple(tokens)
+
+
+def _sequence(tree: HtmlTableTree) -> list:
+    """Postorder sequence of the tree: a cell's tokens then its label; other nodes' labels."""
+    out: list = []
+    for label, content in zip(tree.label, tree.content, strict=True):
+        out.extend(content or ())
+        out.append(label)
+    return out
 
 
 def _check_costs(structure_cost: float, content_cost: float) -> None:

@@ -48,8 +48,18 @@ class TaskConfig(Section):
     options: dict[str, Any] = {}
 
 
+class AnnotatorConfig(Section):
+    name: str
+    options: dict[str, Any] = {}
+
+
 class RolloutConfig(Section):
     engine: str = "hf"
+    # "parallel" (G samples per prompt) or a registered strategy such as DATPO's tree.
+    strategy: str = "parallel"
+    strategy_options: dict[str, Any] = {}
+    # Per-token structure computed at rollout time (e.g. HISPO segments).
+    annotators: list[AnnotatorConfig] = []
     group_size: int = Field(8, ge=1)
     prompts_per_step: int = Field(16, ge=1)
     max_new_tokens: int = Field(48, ge=1)

@@ -14,6 +14,7 @@ from policyopt.core.filters import GROUP_FILTERS
 from policyopt.rewards.overlong import overlong_penalty
 from policyopt.rewards.shaping import SHAPERS
 from policyopt.rollout.base import RolloutEngine, Rollouts, SamplingParams, concat_rollouts
+from policyopt.rollout.strategies import ROLLOUT_ANNOTATORS, ROLLOUT_STRATEGIES
 from policyopt.tasks.base import Task
 from policyopt.trainer.config import Config
 
@@ -82,7 +83,6 @@ def generate_and_score(
     config: Config,
     times: RolloutTimes,
 ) -> Scored:
-    g = config.rollout.group_size
     picked = [rows[i] for i in indices]
     texts, ids = encode_prompts(task, tokenizer, picked, config.model.chat_template)
     params = SamplingParams(
@@ -91,12 +91,31 @@ def generate_and_score(
         top_p=config.rollout.top_p,
         with_hidden=needs_hidden(config),
     )
+
+    def score(rollouts: Rollouts, prompt_index: torch.Tensor) -> torch.Tensor:
+        """Verifier rewards of partial rollouts, for strategies that need them (trees)."""
+        idx = prompt_index.tolist()
+        cols = {c: [picked[i][c] for i in idx] for c in picked[0]}
+        result = reward_fn([texts[i] for i in idx], decode(tokenizer, rollouts), cols)
+        return torch.as_tensor(result.total, dtype=torch.float32)
+
     t0 = time.perf_counter()
-    rollouts = engine.generate([p for p in ids for _ in range(g)], params)
+    strategy = ROLLOUT_STRATEGIES.get(config.rollout.strategy)
+    rollouts, prompt_index = strategy(
+        engine,
+        ids,
+        params,
+        group_size=config.rollout.group_size,
+        score=score,
+        **config.rollout.strategy_options,
+    )
+    for a in config.rollout.annotators:
+        rollouts.extras.update(ROLLOUT_ANNOTATORS.get(a.name)(rollouts, **a.options))
     t1 = time.perf_counter()
+    idx = prompt_index.tolist()
     completions = decode(tokenizer, rollouts)
-    prompts = [t for t in texts for _ in range(g)]
-    columns = {c: [row[c] for row in picked for _ in range(g)] for c in picked[0]}
+    prompts = [texts[i] for i in idx]
+    columns = {c: [picked[i][c] for i in idx] for c in picked[0]}
     result = reward_fn(prompts, completions, columns)
     raw = torch.as_tensor(result.total, dtype=torch.float32)
     rewards = raw
@@ -111,10 +130,9 @@ def generate_and_score(
     times.rounds += 1
     times.generated_tokens += rollouts.generated_tokens
     times.sampled_groups += len(indices)
-    group_ids = torch.arange(group_offset, group_offset + len(indices)).repeat_interleave(g)
     return Scored(
         rollouts=rollouts,
-        group_ids=group_ids,
+        group_ids=prompt_index + group_offset,
         prompts=prompts,
         completions=completions,
         columns=columns,

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from policyopt.core import compute_advantages
+from policyopt.core import ADVANTAGES, compute_advantages
 from policyopt.models.loading import load_model
 from policyopt.models.lora import apply_lora, disabled_adapter
 from policyopt.rewards.functions import RewardPipeline, build_reward_pipeline
@@ -25,7 +25,7 @@ from policyopt.rewards.shaping import SHAPERS, ShapingContext
 from policyopt.rollout.base import ENGINES
 from policyopt.tasks.base import get_task
 from policyopt.trainer import checkpoint as ckpt
-from policyopt.trainer.batch import StepBatch
+from policyopt.trainer.batch import StepBatch, accepted
 from policyopt.trainer.config import Config, dump_config
 from policyopt.trainer.data import PromptSampler
 from policyopt.trainer.evaluate import eval_rows, evaluate
@@ -247,8 +247,13 @@ class Trainer:
         for shaper in self.shapers:
             rewards, m = shaper(rewards, ctx)
             metrics.update(m)
+        structure = {"token_mask": s.rollouts.response_mask, **s.rollouts.extras}
         advantages = compute_advantages(
-            cfg.algorithm.advantage, rewards, s.group_ids, **cfg.algorithm.advantage_options
+            cfg.algorithm.advantage,
+            rewards,
+            s.group_ids,
+            **accepted(ADVANTAGES.get(cfg.algorithm.advantage), structure, skip=2),
+            **cfg.algorithm.advantage_options,
         )
         loss_mask = s.rollouts.response_mask
         if cfg.reward.overlong.filter_truncated:

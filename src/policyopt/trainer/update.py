@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from policyopt.core import aggregate, compute_policy_loss, kl_penalty
+from policyopt.core import POLICY_LOSSES, aggregate, compute_policy_loss, kl_penalty
 from policyopt.models.logprobs import response_logprobs
-from policyopt.trainer.batch import StepBatch, micro_slices, trim
+from policyopt.trainer.batch import StepBatch, accepted, micro_slices, trim
 from policyopt.trainer.config import Config
 
 
@@ -121,7 +121,9 @@ def _minibatch_step(
         if adv.dim() == 2:
             adv = adv[:, :width]
         old = logp.detach() if old_logp is None else old_logp[rows, :width]
-        options = {**_structure(r.extras, rows, width), **alg.loss_options}
+        structure = {"entropies": r.entropy, **r.extras}
+        wanted = accepted(POLICY_LOSSES.get(alg.loss), structure, skip=5)
+        options = {**{k: v[rows, :width] for k, v in wanted.items()}, **alg.loss_options}
         loss, metrics = compute_policy_loss(
             alg.loss,
             logp,
@@ -150,15 +152,6 @@ def _minibatch_step(
     out = {k: v / max(total, 1.0) for k, v in sums.items() if k != "loss"}
     out["loss"] = sums["loss"]
     return out, total
-
-
-def _structure(extras: dict[str, torch.Tensor], rows: torch.Tensor, width: int) -> dict[str, Any]:
-    """Per-token structure stored at rollout time (HISPO segment ids, ...) for the loss."""
-    return {k: v[rows, :width] for k, v in extras.items() if k in LOSS_STRUCTURE_KEYS}
-
-
-# Extras a loss takes as keyword arguments.
-LOSS_STRUCTURE_KEYS = {"segment_ids", "entropies"}
 
 
 def _optimizer_step(ctx: UpdateContext) -> float:

@@ -1,0 +1,60 @@
+"""GAR's rewards from cosines with the expert anchor (SPEC §3, steps 4-6).
+
+b_i = v_i^T v_a (best over the problem's anchors). Among the correct rollouts of a prompt:
+
+    b̂_i = b_i − mean_{correct j} b_j     (b̂_i = b_i when only one rollout is correct)
+    R_i = r_base + β · max(0, b̂_i)       correct
+    R_i = 0                               wrong
+
+Auxiliary anchors (a second set of reference solutions, e.g. teacher rollouts) are folded in
+per rollout before the centring, by the `aux_residual` rule of the authors' public code
+(github.com/LQgdwind/GAR, `gar_anchor_aggregation=aux_residual`, `gar_aux_weight=0.5`):
+
+    b_i = b_main + w · max(0, b_aux − b_main)     (b_i = b_aux when there is no main anchor)
+
+with b_main, b_aux the best cosines over the main and the auxiliary anchors: an auxiliary
+anchor can only raise b_i, by a fraction w of how much better it aligns.
+"""
+
+from __future__ import annotations
+
+import torch
+
+R_BASE = 1.0  # SPEC §3
+BETA = 0.5  # SPEC §3
+AUX_WEIGHT = 0.5  # authors' code default (gar_aux_weight)
+
+
+def gar_rewards(
+    correct: torch.Tensor,
+    cosine: torch.Tensor,
+    group_ids: torch.Tensor,
+    r_base: float = R_BASE,
+    beta: float = BETA,
+) -> torch.Tensor:
+    """GAR rewards [N] (module docstring). `cosine` of wrong rollouts is ignored (may be NaN)."""
+    if not (correct.shape == cosine.shape == group_ids.shape and correct.dim() == 1):
+        raise ValueError(
+            f"gar_rewards: correct {tuple(correct.shape)}, cosine {tuple(cosine.shape)} and "
+            f"group_ids {tuple(group_ids.shape)} must be the same [N]"
+        )
+    correct = correct.bool()
+    b = torch.where(correct, cosine.float(), torch.zeros_like(cosine, dtype=torch.float32))
+    _, group = torch.unique(group_ids, return_inverse=True)
+    n_groups = int(group.max()) + 1 if len(group) else 0
+    count = torch.zeros(n_groups).index_add_(0, group, correct.float())  # correct per group
+    total = torch.zeros(n_groups).index_add_(0, group, b)  # Σ_correct b_j
+    mean = torch.where(count > 1, total / count.clamp(min=1), torch.zeros_like(total))
+    centred = b - mean[group]  # b̂_i (b_i itself when alone)
+    bonus = beta * centred.clamp(min=0.0)
+    return torch.where(correct, r_base + bonus, torch.zeros_like(bonus))
+
+
+def aggregate_anchors(
+    main: torch.Tensor, aux: torch.Tensor, weight: float = AUX_WEIGHT
+) -> torch.Tensor:
+    """`aux_residual`: b_main + w · max(0, b_aux − b_main); NaN marks a missing anchor set
+    (b_aux alone without a main anchor, b_main alone without an auxiliary one)."""
+    combined = main + weight * (aux - main).clamp(min=0.0)
+    combined = torch.where(torch.isnan(aux), main, combined)
+    return torch.where(torch.isnan(main), aux, combined)

@@ -1,0 +1,49 @@
+"""Rollout strategies and annotators: the first plug point of the loop.
+
+A strategy turns tokenised prompts into responses: `parallel` samples G independent
+responses per prompt; DATPO's tree strategy forks branches from shared prefixes. A strategy
+may score partial results through the `score` callback (the tree needs V(root) before it
+decides how many branches to grow) and returns the rollouts with, for each row, the index
+of its prompt.
+
+An annotator adds per-token structure computed at rollout time from what the behaviour
+policy recorded (HISPO's entropy segments) to `Rollouts.extras`; it stays fixed during the
+update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from policyopt.core.registry import Registry
+from policyopt.rollout.base import RolloutEngine, Rollouts, SamplingParams
+
+# score(rollouts, prompt_index) -> rewards [N]
+ScoreFn = Callable[[Rollouts, torch.Tensor], torch.Tensor]
+# strategy(engine, prompts, params, *, group_size, score, **options) -> (rollouts, prompt_index)
+RolloutStrategy = Callable[..., tuple[Rollouts, torch.Tensor]]
+ROLLOUT_STRATEGIES: Registry[RolloutStrategy] = Registry("rollout strategy")
+
+# annotator(rollouts, **options) -> {key: Tensor [N, R]}
+Annotator = Callable[..., dict[str, torch.Tensor]]
+ROLLOUT_ANNOTATORS: Registry[Annotator] = Registry("rollout annotator")
+
+
+@ROLLOUT_STRATEGIES.register("parallel")
+def parallel(
+    engine: RolloutEngine,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    *,
+    group_size: int,
+    score: ScoreFn | None = None,
+    **options: Any,
+) -> tuple[Rollouts, torch.Tensor]:
+    """G independent samples per prompt (GRPO and most methods)."""
+    if options:
+        raise TypeError(f"the parallel strategy takes no options, got {sorted(options)}")
+    rollouts = engine.generate([p for p in prompts for _ in range(group_size)], params)
+    return rollouts, torch.arange(len(prompts)).repeat_interleave(group_size)

@@ -1,0 +1,121 @@
+"""The `policyopt` command: help, errors, quickstart, compare and bench on tiny budgets."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from policyopt.cli.main import main
+
+TINY = [
+    "sft.steps=8",
+    "sft.batch_size=8",
+    "train.steps=2",
+    "train.num_threads=1",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=12",
+    "eval.size=6",
+    "task.options={train_size: 100, eval_size: 10}",
+    "train.loggers=[jsonl]",
+]
+
+
+def test_help_lists_every_command() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "policyopt.cli.main", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for command in ("quickstart", "sft", "train", "eval", "compare", "bench"):
+        assert command in out
+
+
+def test_bad_config_is_a_clear_error(capsys) -> None:
+    assert main(["train", "rollout.grup_size=3"]) == 2
+    err = capsys.readouterr().err
+    assert "rollout.grup_size" in err and "did you mean 'rollout.group_size'" in err
+
+
+def test_print_config_shows_resolved_preset(capsys) -> None:
+    assert main(["train", "algorithm.name=dapo", "--print-config"]) == 0
+    out = capsys.readouterr().out
+    assert "clip_high: 0.28" in out and "dynamic_sampling: true" in out
+
+
+def test_quickstart_writes_summary_plot_metrics_checkpoint(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("POLICYOPT_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "qs"
+    assert main(["quickstart", "--output-dir", str(out), *TINY]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert 0.0 <= summary["initial_accuracy"] <= 1.0 and 0.0 <= summary["final_accuracy"] <= 1.0
+    assert summary["rl_steps"] == 2
+    assert (out / "curves.png").exists() and (out / "metrics.jsonl").exists()
+    assert (out / "checkpoints" / "step-00000002" / "model.safetensors").exists()
+    # The SFT warm start is cached: a second run with the same SFT settings reuses it.
+    cached = list((tmp_path / "cache" / "sft").iterdir())
+    assert len(cached) == 1 and (cached[0] / "model.safetensors").exists()
+
+
+def test_compare_table_over_seeds(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("POLICYOPT_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "cmp"
+    assert (
+        main(
+            [
+                "compare",
+                "grpo",
+                "dr_grpo",
+                "--seeds",
+                "2",
+                "--samples",
+                "2",
+                "--output-dir",
+                str(out),
+                *TINY,
+            ]
+        )
+        == 0
+    )
+    result = json.loads((out / "compare.json").read_text())
+    methods = [r["method"] for r in result["rows"]]
+    assert methods == ["grpo", "dr_grpo"]
+    row = result["rows"][0]
+    mean, half = row["pass@2"]
+    per_seed = [s["final_eval"]["eval/pass@2"] for s in result["runs"]["grpo"]]
+    assert mean == pytest.approx(sum(per_seed) / 2)
+    # 95% t interval with 1 degree of freedom: t = 12.706; half-width = t * sd / sqrt(2).
+    sd = abs(per_seed[0] - per_seed[1]) / 2**0.5
+    assert half == pytest.approx(12.706 * sd / 2**0.5, rel=1e-3)
+    assert (out / "compare.md").read_text().count("|") > 10
+    assert (out / "compare.png").exists()
+
+
+def test_bench_json(tmp_path) -> None:
+    out = tmp_path / "bench.json"
+    assert (
+        main(
+            [
+                "bench",
+                "--algos",
+                "grpo,dr_grpo",
+                "--steps",
+                "2",
+                "--prompts",
+                "2",
+                "--group-size",
+                "4",
+                "--max-new-tokens",
+                "8",
+                "--json-out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    report = json.loads(out.read_text())
+    assert set(report["step_time_s"]) == {"grpo", "dr_grpo"}
+    assert all(v > 0 for v in report["tokens_per_s"].values())
+    assert report["peak_rss_mb"] > 0

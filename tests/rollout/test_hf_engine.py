@@ -1,0 +1,129 @@
+"""The KV-cache sampling loop: log-probs and entropies as a full forward computes them."""
+
+import pytest
+import torch
+
+from policyopt.models.loading import load_model
+from policyopt.models.logprobs import naive_response_logprobs
+from policyopt.rollout.base import Rollouts, SamplingParams, concat_rollouts
+from policyopt.rollout.hf_engine import HFEngine, left_pad
+from policyopt.rollout.sampling import _top_p, sample_next
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.set_num_threads(1)
+    return load_model("tiny")
+
+
+def prompts(tok) -> list[list[int]]:
+    return [
+        tok(t, add_special_tokens=False)["input_ids"]
+        for t in ["Q:1+2=?\n", "Q:((7+12)-5)+9=?\n", "Q:3=?\n"]
+    ]
+
+
+def test_sampling_logp_and_entropy_match_full_forward(tiny) -> None:
+    model, tok = tiny
+    torch.manual_seed(0)
+    r = HFEngine(model, tok).generate(
+        prompts(tok) * 2, SamplingParams(max_new_tokens=10, temperature=0.7)
+    )
+    ref = naive_response_logprobs(
+        model,
+        r.input_ids(),
+        r.attention_mask(),
+        r.response_ids.shape[1],
+        temperature=0.7,
+        with_entropy=True,
+    )
+    m = r.response_mask.bool()
+    assert torch.allclose(r.logp[m], ref.logp[m], atol=1e-5)
+    assert torch.allclose(r.entropy[m], ref.entropy[m], atol=1e-4)
+    assert r.generated_tokens == int(r.response_mask.sum())
+
+
+def test_eos_ends_a_response_and_padding_follows(tiny) -> None:
+    model, tok = tiny
+    torch.manual_seed(1)
+    r = HFEngine(model, tok).generate(prompts(tok) * 8, SamplingParams(max_new_tokens=40))
+    for row, n, trunc in zip(r.response_ids, r.lengths, r.truncated, strict=True):
+        eos = (row[:n] == tok.eos_token_id).nonzero()
+        if trunc:
+            assert n == 40 and len(eos) == 0
+        else:
+            assert len(eos) == 1 and int(eos[0]) == n - 1  # EOS is the last real token
+        assert (row[n:] == tok.pad_token_id).all()
+
+
+def test_greedy_is_deterministic_and_independent_of_batch(tiny) -> None:
+    model, tok = tiny
+    engine = HFEngine(model, tok)
+    p = prompts(tok)
+    together = engine.generate(p, SamplingParams(max_new_tokens=8, greedy=True))
+    alone = engine.generate(p[1:2], SamplingParams(max_new_tokens=8, greedy=True))
+    n = int(alone.lengths[0])
+    assert torch.equal(together.response_ids[1, :n], alone.response_ids[0, :n])
+
+
+def test_batches_are_split_and_concatenated(tiny) -> None:
+    model, tok = tiny
+    p = prompts(tok) * 3
+    r = HFEngine(model, tok, batch_size=4).generate(
+        p, SamplingParams(max_new_tokens=6, greedy=True)
+    )
+    assert r.response_ids.shape[0] == 9
+    single = HFEngine(model, tok).generate(p, SamplingParams(max_new_tokens=6, greedy=True))
+    assert torch.equal(r.response_ids, single.response_ids)
+
+
+def test_hidden_states_are_those_entering_the_head(tiny) -> None:
+    model, tok = tiny
+    r = HFEngine(model, tok).generate(
+        prompts(tok), SamplingParams(max_new_tokens=5, greedy=True, with_hidden=True)
+    )
+    ref = naive_response_logprobs(
+        model, r.input_ids(), r.attention_mask(), r.response_ids.shape[1], with_hidden=True
+    )
+    m = r.response_mask.bool()
+    assert torch.allclose(r.hidden[m], ref.hidden[m], atol=1e-5)
+
+
+def test_top_p_keeps_the_smallest_nucleus() -> None:
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    # mass before each token (sorted): 0, .5, .8, .95 -> top_p=.7 keeps the first two.
+    assert torch.equal(_top_p(probs, 0.7) > 0, torch.tensor([[True, True, False, False]]))
+    assert torch.equal(_top_p(probs, 0.5) > 0, torch.tensor([[True, False, False, False]]))
+    tok, lp, ent = sample_next(torch.log(probs), temperature=1.0, top_p=0.45, greedy=False)
+    assert int(tok) == 0 and torch.isclose(lp, torch.log(torch.tensor(0.5)))
+    # H = -sum p log p of the untruncated distribution.
+    assert torch.isclose(ent, -(probs * probs.log()).sum(-1)).all()
+
+
+def test_left_pad_and_concat() -> None:
+    ids, mask = left_pad([[5, 6], [7]], pad_id=0)
+    assert ids.tolist() == [[5, 6], [0, 7]] and mask.tolist() == [[1, 1], [0, 1]]
+    a = Rollouts(
+        ids,
+        mask,
+        torch.tensor([[9, 2], [9, 0]]),
+        torch.tensor([[1.0, 1], [1, 0]]),
+        torch.zeros(2, 2),
+        torch.zeros(2, 2),
+        torch.tensor([False, True]),
+        3,
+    )
+    b = Rollouts(
+        ids[:1, 1:],
+        mask[:1, 1:],
+        torch.tensor([[4, 4, 2]]),
+        torch.ones(1, 3),
+        torch.zeros(1, 3),
+        torch.zeros(1, 3),
+        torch.tensor([False]),
+        3,
+    )
+    c = concat_rollouts([a, b], pad_id=0)
+    assert c.prompt_ids.tolist() == [[5, 6], [0, 7], [0, 6]]
+    assert c.response_ids.tolist() == [[9, 2, 0], [9, 0, 0], [4, 4, 2]]
+    assert c.generated_tokens == 6 and c.lengths.tolist() == [2, 1, 3]
