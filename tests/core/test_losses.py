@@ -219,7 +219,7 @@ def test_half_precision_inputs_give_float32_loss():
 def test_errors_name_the_problem():
     logp, old = logp_for([1.0, 1.0])
     adv, mask = torch.ones(1, dtype=F64), torch.ones(1, 2)
-    with pytest.raises(KeyError, match="valid names: gspo, ppo_clip"):
+    with pytest.raises(KeyError, match="valid names: .*gspo.*ppo_clip"):
         compute_policy_loss("ppo", logp, old, adv, mask)
     with pytest.raises(
         TypeError, match="'eps'.*valid options: .*clip_low, clip_high, clip_ratio_c"

@@ -76,11 +76,15 @@ def time_policyopt(
         trainer.close()
     step_times = [r["time/step"] for r in records]
     tokens = [r["generated_tokens"] for r in records]
-    leaves = settings["prompts_per_step"] * settings["group_size"]
+    # Leaves (rollouts) actually sampled: prompts x group size for parallel sampling, but a
+    # tree's leaf count varies with difficulty (DATPO).
+    leaves = sum(r["leaves"] for r in records)
     return {
         "step_time_s": statistics.median(step_times),
         "tokens_per_s": sum(tokens) / sum(step_times),
-        "generated_tokens_per_leaf": sum(tokens) / (len(records) * leaves),
+        "generated_tokens_per_leaf": sum(tokens) / leaves,
+        "wall_time_per_leaf_s": sum(step_times) / leaves,
+        "leaves_per_step": leaves / len(records),
         "time_split": {
             k: statistics.median(r[f"time/{k}"] for r in records)
             for k in ("generation", "scoring", "training")
@@ -106,6 +110,12 @@ def run_bench(args: argparse.Namespace) -> int:
         "generated_tokens_per_leaf": {
             k: v["generated_tokens_per_leaf"] for k, v in results.items()
         },
+        "wall_time_per_leaf_s": {
+            k: v["wall_time_per_leaf_s"] for k, v in results.items() if "wall_time_per_leaf_s" in v
+        },
+        "leaves_per_step": {
+            k: v["leaves_per_step"] for k, v in results.items() if "leaves_per_step" in v
+        },
         "time_split_s": {k: v["time_split"] for k, v in results.items() if "time_split" in v},
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "settings": {**settings, "measured_steps": args.steps},
@@ -113,6 +123,10 @@ def run_bench(args: argparse.Namespace) -> int:
     base = next(iter(results))
     report["step_time_ratio_to_" + base] = {
         k: v["step_time_s"] / results[base]["step_time_s"] for k, v in results.items()
+    }
+    report["generated_tokens_per_leaf_ratio_to_" + base] = {
+        k: v["generated_tokens_per_leaf"] / results[base]["generated_tokens_per_leaf"]
+        for k, v in results.items()
     }
     if "trl" in results:
         report["step_time_ratio_to_trl"] = {

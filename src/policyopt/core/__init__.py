@@ -4,7 +4,7 @@ No model, no I/O, no config objects: the part to check against the papers' formu
 the part other trainers can import on its own.
 """
 
-from policyopt.core import segment_loss  # noqa: F401, E402  (registers the "hispo" loss)
+from policyopt.core import segment_loss  # noqa: F401  (registers the "hispo" loss)
 from policyopt.core.advantages import ADVANTAGES, compute_advantages
 from policyopt.core.aggregation import AGG_MODES, aggregate, global_normalisers
 from policyopt.core.evaluation import avg_at_k, maj_at_k, pass_at_k, pass_at_k_curve

@@ -2,7 +2,9 @@
 
 from policyopt.methods import (
     baselines,  # noqa: F401  (registers the baseline presets)
+    datpo,  # noqa: F401
     docpo,  # noqa: F401
+    gar,  # noqa: F401
     hispo,  # noqa: F401
 )
 from policyopt.methods.presets import PRESETS, register_preset

@@ -57,6 +57,7 @@ class HFEngine(RolloutEngine):
         generator: torch.Generator | None = None,
     ) -> None:
         self.model = model
+        self.tokenizer = tokenizer  # strategies that read text (DATPO's sentence forks)
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
         self.batch_size = batch_size

@@ -245,6 +245,7 @@ def _sample_stats(s: Scored) -> dict[str, float]:
     """Reward and accuracy over everything sampled this step (before filtering)."""
     lengths = s.rollouts.lengths.float()
     return {
+        "leaves": float(len(s.rewards)),  # rollouts sampled (a tree's leaf count varies)
         "reward/mean": float(s.rewards.mean()),
         "reward/std": float(s.rewards.std()) if len(s.rewards) > 1 else 0.0,
         "accuracy": float(s.correct.float().mean()),

@@ -40,10 +40,11 @@ def gar_rewards(
         )
     correct = correct.bool()
     b = torch.where(correct, cosine.float(), torch.zeros_like(cosine, dtype=torch.float32))
-    _, group = torch.unique(group_ids, return_inverse=True)
+    _, group = torch.unique(group_ids.to(b.device), return_inverse=True)
     n_groups = int(group.max()) + 1 if len(group) else 0
-    count = torch.zeros(n_groups).index_add_(0, group, correct.float())  # correct per group
-    total = torch.zeros(n_groups).index_add_(0, group, b)  # Σ_correct b_j
+    zeros = torch.zeros(n_groups, device=b.device)
+    count = zeros.index_add(0, group, correct.float())  # correct rollouts per group
+    total = zeros.index_add(0, group, b)  # Σ_{correct j} b_j
     mean = torch.where(count > 1, total / count.clamp(min=1), torch.zeros_like(total))
     centred = b - mean[group]  # b̂_i (b_i itself when alone)
     bonus = beta * centred.clamp(min=0.0)

@@ -26,14 +26,17 @@ def prediction_error_factor(
     bias: torch.Tensor | None,
     targets: torch.Tensor,
 ) -> torch.Tensor:
-    """W^T (softmax(W h_t + b) − onehot(y_t)) for each row of `hidden` [n, d]: float32 [n, d].
-
-    One [n, V] logit buffer; callers chunk the rows.
-    """
-    z = nn.functional.linear(hidden.to(weight.dtype), weight, bias).float()  # W h + b
+    """W^T (softmax(W h_t + b) − onehot(y_t)) for each row of `hidden` [n, d]: [n, d] in
+    float32 (float64 for a float64 head). One [n, V] logit buffer; callers chunk the rows."""
+    acc = _accumulation_dtype(weight)
+    z = nn.functional.linear(hidden.to(weight.dtype), weight, bias).to(acc)  # W h + b
     p = torch.softmax(z, dim=-1)  # p_t
     p[torch.arange(len(targets), device=p.device), targets] -= 1.0  # p_t − e_{y_t}
-    return (p.to(weight.dtype) @ weight).float()  # W^T (p_t − e_{y_t})
+    return (p.to(weight.dtype) @ weight).to(acc)  # W^T (p_t − e_{y_t})
+
+
+def _accumulation_dtype(weight: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(weight.dtype, torch.float32)
 
 
 def _check(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int) -> None:
@@ -71,12 +74,13 @@ def batched_gradient_signal(
     keep = mask.bool()
     rows = keep.nonzero()[:, 0]  # row of each valid token
     h, y = hidden[keep], targets[keep]  # [M, d], [M]
-    s_sum = torch.zeros(n, d, dtype=torch.float32, device=hidden.device)  # Σ_t (p−e)^T W ⊙ h
+    acc = _accumulation_dtype(weight)
+    s_sum = torch.zeros(n, d, dtype=acc, device=hidden.device)  # Σ_t [W^T (p_t − e_y)] ⊙ h_t
     for start in range(0, len(y), chunk_size):
         c = slice(start, start + chunk_size)
         factor = prediction_error_factor(h[c], weight, bias, y[c])
-        s_sum.index_add_(0, rows[c], factor * h[c].float())
-    t = keep.sum(-1).clamp(min=1).to(torch.float32)  # T_i
+        s_sum.index_add_(0, rows[c], factor * h[c].to(acc))
+    t = keep.sum(-1).clamp(min=1).to(acc)  # T_i
     s_bar = s_sum / (t * t)[:, None]  # one 1/T from G_t, one from the mean over t
     return nn.functional.normalize(s_bar, dim=-1, eps=NORM_EPS)
 

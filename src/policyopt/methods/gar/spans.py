@@ -52,7 +52,9 @@ def token_spans(
             if chars is None:
                 fallbacks += 1
             else:
-                t0, t1 = char_to_token_span(*chars, len(ids), lambda k: len(decode(ids[:k])))
+                t0, t1 = char_to_token_span(
+                    *chars, len(ids), lambda k, ids=ids: len(decode(ids[:k]))
+                )
         spans.append((max(t0, t1 - max_tokens), t1))
     return spans, fallbacks
 

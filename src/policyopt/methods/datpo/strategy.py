@@ -1,0 +1,172 @@
+"""DATPO's tree rollouts (SPEC §4.1-4.3), registered as the `datpo_tree` rollout strategy.
+
+Per prompt: `n_base` base rollouts are sampled and scored; V(root) = their mean reward sets
+the budget (K̂, B̂) = `adaptive_budget(V(root), k_max, b_max)`; each base rollout forks at the
+starts of its K̂ highest-entropy sentences (`forks.py`), with B̂ branches per fork. A branch
+is the prompt + the base's tokens before the fork, continued by sampling from the prefix's
+KV cache (`policyopt.rollout.tree.sample_branches`): the prefix is neither recomputed per
+branch nor counted as generated. A leaf's response holds the whole path, prefix included,
+with the prefix's sampling log-probs and entropies copied from its base.
+
+Returned: every leaf (base rollouts first, then branches) with its prompt index, and in
+`extras["block_ids"]` [N, R] the id of the block each response token belongs to (blocks are
+cut at the forks; a branch's prefix tokens carry its base's ids), which is all the `datpo`
+advantage needs. A prompt's group therefore has between n_base and n_base (1 + k_max b_max)
+leaves, depending on its difficulty and on how many sentences its rollouts have: the
+trainer's `rollout.group_size` plays no part (the tree's size is set by n_base, k_max,
+b_max), and every response, branch or base, stays within `rollout.max_new_tokens`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+from torch import Tensor
+
+from policyopt.methods.datpo.budget import adaptive_budget
+from policyopt.methods.datpo.forks import candidate_scores, choose_forks
+from policyopt.rollout.base import RolloutEngine, Rollouts, SamplingParams, concat_rollouts
+from policyopt.rollout.strategies import ROLLOUT_STRATEGIES, ScoreFn
+from policyopt.rollout.tree import sample_branches
+
+N_BASE = 4  # SPEC §4.1 (paper: N = 4)
+K_MAX = 2  # SPEC §4.2: not published, default 2
+B_MAX = 4  # SPEC §4.2: not published, default 4
+
+
+@ROLLOUT_STRATEGIES.register("datpo_tree")
+def datpo_tree(
+    engine: RolloutEngine,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    *,
+    group_size: int,
+    score: ScoreFn,
+    n_base: int = N_BASE,
+    k_max: int = K_MAX,
+    b_max: int = B_MAX,
+    fork_unit: str = "sentence",
+) -> tuple[Rollouts, Tensor]:
+    """Difficulty-adaptive tree rollouts; `group_size` is unused (module docstring)."""
+    del group_size
+    if n_base < 1:
+        raise ValueError(f"datpo_tree: n_base must be >= 1, got {n_base}")
+    pad_id = int(engine.pad_id)  # type: ignore[attr-defined]
+    prompt_of = torch.arange(len(prompts)).repeat_interleave(n_base)  # base row -> prompt
+    base = engine.generate([p for p in prompts for _ in range(n_base)], params)
+    rewards = score(base, prompt_of).float()
+    v_root = torch.zeros(len(prompts)).index_add_(0, prompt_of, rewards) / n_base
+    k_b = [adaptive_budget(float(v), k_max, b_max) for v in v_root]  # (K̂, B̂) per prompt
+    forks = [
+        choose_forks(_candidates(engine, base, row, fork_unit), k_b[p][0]) if k_b[p][1] else []
+        for row, p in enumerate(prompt_of.tolist())
+    ]
+    base_blocks, first_free = _base_block_ids(base, forks)
+    base = replace(base, extras={**base.extras, "block_ids": base_blocks})
+    # One entry per fork point: its base row, position t and number of branches B̂.
+    rows = [r for r, ts in enumerate(forks) for _ in ts]
+    if not rows:
+        return base, prompt_of
+    at = [t for ts in forks for t in ts]
+    count = [k_b[int(prompt_of[r])][1] for r in rows]
+    cont = sample_branches(
+        engine,
+        [
+            prompts[int(prompt_of[r])] + base.response_ids[r, :t].tolist()
+            for r, t in zip(rows, at, strict=True)
+        ],
+        [params.max_new_tokens - t for t in at],
+        count,
+        params,
+    )
+    # Per branch: its base row and fork position (sample_branches keeps the fork order).
+    src = torch.tensor(rows).repeat_interleave(torch.tensor(count))
+    fork_at = torch.tensor(at).repeat_interleave(torch.tensor(count))
+    branches = _splice(base, cont, src, fork_at, pad_id)
+    branches.extras["block_ids"] = _branch_block_ids(
+        base_blocks,
+        src,
+        fork_at,
+        first_free + torch.arange(len(src)),
+        branches.response_ids.shape[1],
+    )
+    return concat_rollouts([base, branches], pad_id), torch.cat([prompt_of, prompt_of[src]])
+
+
+def _candidates(
+    engine: RolloutEngine, base: Rollouts, row: int, fork_unit: str
+) -> list[tuple[int, float]]:
+    """Fork candidates of base response `row` (its token texts need the engine's tokenizer)."""
+    length = int(base.lengths[row])
+    ids = base.response_ids[row, :length].tolist()
+    if fork_unit == "sentence":
+        tokenizer = getattr(engine, "tokenizer", None)
+        if tokenizer is None:
+            raise TypeError("datpo_tree with sentence forks needs an engine with a .tokenizer")
+        pieces = tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=True)
+    else:
+        pieces = [""] * length
+    return candidate_scores(pieces, base.entropy[row, :length], fork_unit)
+
+
+def _base_block_ids(base: Rollouts, forks: list[list[int]]) -> tuple[Tensor, int]:
+    """Block ids [N, R] of the base rows (segment j of row r: between its forks j-1 and j),
+    -1 on padding; and the first id not used."""
+    ids = torch.full(base.response_ids.shape, -1, dtype=torch.long)
+    cols = torch.arange(base.response_ids.shape[1])
+    next_id = 0
+    for row, ts in enumerate(forks):
+        segment = (cols[:, None] >= torch.tensor(ts, dtype=torch.long)[None, :]).sum(1)
+        ids[row] = torch.where(base.response_mask[row] > 0, next_id + segment, -1)
+        next_id += len(ts) + 1
+    return ids, next_id
+
+
+def _branch_block_ids(
+    base_blocks: Tensor, src: Tensor, at: Tensor, new_ids: Tensor, width: int
+) -> Tensor:
+    """A branch's prefix tokens keep its base's block ids; its continuation is one new block."""
+    cols = torch.arange(width)[None, :]
+    prefix = _pad_to(base_blocks[src], width, -1)
+    return torch.where(cols < at[:, None], prefix, new_ids[:, None].expand(-1, width))
+
+
+def _pad_to(x: Tensor, width: int, value: float) -> Tensor:
+    pad = (0, 0, 0, width - x.shape[1]) if x.dim() == 3 else (0, width - x.shape[1])
+    return torch.nn.functional.pad(x, pad, value=value)
+
+
+def _splice(base: Rollouts, cont: Rollouts, src: Tensor, at: Tensor, pad_id: int) -> Rollouts:
+    """Leaves [prefix of base row src[i] up to at[i] | continuation i], one per branch."""
+    width = int((at + cont.lengths).max())
+    cols = torch.arange(width)[None, :]
+    in_prefix = cols < at[:, None]
+    offset = cols - at[:, None]  # column of the continuation
+    in_cont = (offset >= 0) & (offset < cont.response_ids.shape[1])
+    take = offset.clamp(0, cont.response_ids.shape[1] - 1)
+
+    def join(b: Tensor, c: Tensor, fill: float) -> Tensor:
+        pre = _pad_to(b[src], width, fill)
+        idx = take if c.dim() == 2 else take[..., None].expand(-1, -1, c.shape[-1])
+        post = torch.where(in_cont if c.dim() == 2 else in_cont[..., None], c.gather(1, idx), fill)
+        return torch.where(in_prefix if c.dim() == 2 else in_prefix[..., None], pre, post)
+
+    mask = join(base.response_mask, cont.response_mask, 0.0)
+    pad_id = (
+        int(cont.response_ids[cont.response_mask == 0][0]) if (cont.response_mask == 0).any() else 0
+    )
+    hidden = None
+    if base.hidden is not None and cont.hidden is not None:
+        hidden = join(base.hidden, cont.hidden, 0.0)
+    return Rollouts(
+        prompt_ids=base.prompt_ids[src],
+        prompt_mask=base.prompt_mask[src],
+        response_ids=torch.where(mask > 0, join(base.response_ids, cont.response_ids, 0), pad_id),
+        response_mask=mask,
+        logp=join(base.logp, cont.logp, 0.0),
+        entropy=join(base.entropy, cont.entropy, 0.0),
+        truncated=cont.truncated,
+        generated_tokens=cont.generated_tokens,
+        hidden=hidden,
+    )

@@ -1,0 +1,263 @@
+"""The `gar` reward shaper: GAR rewards for a batch, composable with any preset (SPEC §3).
+
+Per step, for the rollouts that passed the verifier only (no signal is computed for wrong
+rollouts, nor an anchor for a prompt without a correct rollout):
+1. v_i from the hidden states the rollout engine recorded while sampling (the policy that
+   sampled is the current one: shaping runs before the update). An engine that records none
+   gets one teacher-forced no-grad pass over the correct rollouts instead.
+2. v_a for each expert solution of the prompt (column `solution_column`; a list means several
+   anchors), from one teacher-forced no-grad pass over [prompt | solution + EOS] under the
+   current policy; computed once per (prompt, solution) per step and cached within the step.
+3. b_i = best cosine over the main anchors, folded with the `aux_column` anchors by
+   `aux_residual` if that option is set; then `gar_rewards` (centring, r_base, β).
+The batch's rewards are replaced: correct -> r_base + β max(0, b̂), wrong -> 0. A correct
+rollout whose problem has no solution gets r_base. Terms added to the rewards before this
+shaper (DAPO's overlong penalty) are replaced as well. Only the reasoning span (`span_regex`,
+see spans.py) enters v, capped to its last `max_span_tokens` tokens.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from policyopt.methods.gar.rewards import AUX_WEIGHT, BETA, R_BASE, aggregate_anchors, gar_rewards
+from policyopt.methods.gar.signal import batched_gradient_signal, output_layer
+from policyopt.methods.gar.spans import span_mask, token_spans
+from policyopt.models.logprobs import response_logprobs
+from policyopt.rewards.shaping import SHAPERS, RewardShaper, ShapingContext
+
+MAX_SPAN_TOKENS = 768  # SPEC §3 (paper)
+MAX_ANCHORS = 4  # per anchor set, after de-duplication (authors' code default)
+FORWARD_BATCH = 32  # sequences per teacher-forced no-grad pass
+
+
+@contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+def solutions_of(value: Any, limit: int) -> list[str]:
+    """Anchor texts of one row: a string or a list of them; blanks and repeats (up to
+    whitespace) dropped, at most `limit` kept."""
+    items = [value] if isinstance(value, str) else list(value or [])
+    seen, out = set(), []
+    for text in items:
+        key = " ".join(str(text).split())
+        if key and key not in seen:
+            seen.add(key)
+            out.append(str(text))
+    return out[:limit]
+
+
+@SHAPERS.register("gar")
+class GARShaper(RewardShaper):
+    """GAR rewards (module docstring). Options: r_base, beta, solution_column, aux_column,
+    aux_weight, max_anchors, chunk_size (tokens per LM-head chunk; None: the trainer's
+    model.logit_chunk_size), max_span_tokens, span_regex."""
+
+    needs_hidden = True  # the engine records rollouts.hidden
+
+    def __init__(
+        self,
+        r_base: float = R_BASE,
+        beta: float = BETA,
+        solution_column: str = "solution",
+        aux_column: str | None = None,
+        aux_weight: float = AUX_WEIGHT,
+        max_anchors: int = MAX_ANCHORS,
+        chunk_size: int | None = None,
+        max_span_tokens: int = MAX_SPAN_TOKENS,
+        span_regex: str | None = None,
+    ) -> None:
+        if beta < 0 or aux_weight < 0:
+            raise ValueError(f"gar: beta and aux_weight must be >= 0, got {beta}, {aux_weight}")
+        if max_anchors < 1 or max_span_tokens < 1 or (chunk_size is not None and chunk_size < 1):
+            raise ValueError(
+                "gar: max_anchors, max_span_tokens and chunk_size must be >= 1, got "
+                f"{max_anchors}, {max_span_tokens}, {chunk_size}"
+            )
+        self.r_base, self.beta = float(r_base), float(beta)
+        self.solution_column, self.aux_column = solution_column, aux_column
+        self.aux_weight, self.max_anchors = float(aux_weight), int(max_anchors)
+        self.chunk_size, self.max_span_tokens = chunk_size, int(max_span_tokens)
+        self.pattern = re.compile(span_regex, re.DOTALL) if span_regex else None
+        self._cache: dict[tuple[tuple[int, ...], str], torch.Tensor] = {}
+        self._cache_step: int | None = None
+
+    # ------------------------------------------------------------------ the batch
+    def __call__(
+        self, rewards: torch.Tensor, ctx: ShapingContext
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        correct = ctx.correct.bool().cpu()
+        rows = correct.nonzero().squeeze(-1)
+        cosine = torch.full((len(correct),), float("nan"))
+        metrics: dict[str, float] = {"gar/anchor_sequences": 0.0}
+        if len(rows):
+            with torch.no_grad():  # truncated backprop is closed form: no autograd needed
+                cosine[rows], metrics = self._cosines(rows, ctx)
+        has_anchor = ~torch.isnan(cosine)
+        shaped = gar_rewards(
+            correct & has_anchor, cosine, ctx.group_ids.cpu(), self.r_base, self.beta
+        )
+        shaped[correct & ~has_anchor] = self.r_base
+        bonus = (shaped - self.r_base)[correct]
+        metrics["gar/cosine_correct_mean"] = (
+            float(cosine[has_anchor].mean()) if has_anchor.any() else 0.0
+        )
+        metrics["gar/bonus_mean"] = float(bonus.mean()) if len(bonus) else 0.0
+        metrics["gar/fraction_rewarded"] = float((bonus > 0).float().mean()) if len(bonus) else 0.0
+        return shaped.to(rewards.dtype).to(rewards.device), metrics
+
+    def _cosines(
+        self, rows: torch.Tensor, ctx: ShapingContext
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """b_i [K] for the correct rollouts `rows` (NaN where the problem has no anchor)."""
+        if ctx.step != self._cache_step:  # the policy moved: anchors are recomputed
+            self._cache, self._cache_step = {}, ctx.step
+        metrics: dict[str, float] = {}
+        weight, bias = output_layer(ctx.model)
+        v, fallbacks = self._rollout_signals(rows, ctx, weight, bias)
+        if self.pattern is not None:
+            metrics["gar/span_fallback_fraction"] = fallbacks / len(rows)
+        sets = [self._column(ctx, self.solution_column)]
+        if self.aux_column is not None:
+            sets.append(self._column(ctx, self.aux_column))
+        prompts = self._prompt_ids(rows, ctx)
+        texts = [[column[r] for r in rows.tolist()] for column in sets]  # [set][K][anchors]
+        wanted = {
+            (p, t) for column in texts for p, ts in zip(prompts, column, strict=True) for t in ts
+        }
+        missing = sorted(wanted - set(self._cache))
+        metrics["gar/anchor_sequences"] = float(len(missing))
+        self._cache.update(self._anchor_signals(missing, ctx, weight, bias))
+        best = [self._best(v, prompts, column) for column in texts]
+        b = best[0] if len(best) == 1 else aggregate_anchors(best[0], best[1], self.aux_weight)
+        return b, metrics
+
+    def _column(self, ctx: ShapingContext, name: str) -> list[list[str]]:
+        if name not in ctx.columns:
+            raise KeyError(f"gar: no dataset column {name!r}; the batch has {sorted(ctx.columns)}")
+        return [solutions_of(value, self.max_anchors) for value in ctx.columns[name]]
+
+    def _best(
+        self, v: torch.Tensor, prompts: list[tuple[int, ...]], texts: list[list[str]]
+    ) -> torch.Tensor:
+        """max over a rollout's anchors of v_i^T v_a (unit vectors); NaN without anchors."""
+        out = torch.full((len(v),), float("nan"))
+        for i, (p, anchors) in enumerate(zip(prompts, texts, strict=True)):
+            if anchors:
+                va = torch.stack([self._cache[(p, a)] for a in anchors])
+                out[i] = (va @ v[i]).max()
+        return out
+
+    def _prompt_ids(self, rows: torch.Tensor, ctx: ShapingContext) -> list[tuple[int, ...]]:
+        ids, mask = ctx.rollouts.prompt_ids[rows], ctx.rollouts.prompt_mask[rows].bool()
+        return [tuple(i[m].tolist()) for i, m in zip(ids, mask, strict=True)]
+
+    # ------------------------------------------------------------------ signals
+    def _chunk(self, ctx: ShapingContext) -> int:
+        return self.chunk_size or ctx.logit_chunk_size
+
+    def _rollout_signals(
+        self, rows: torch.Tensor, ctx: ShapingContext, weight: torch.Tensor, bias: Any
+    ) -> tuple[torch.Tensor, int]:
+        """v [K, d] of the rollouts `rows` (CPU) and the number of span fallbacks."""
+        r = ctx.rollouts
+        lengths = r.lengths[rows].tolist()
+        ids = [row[:n] for row, n in zip(r.response_ids[rows].tolist(), lengths, strict=True)]
+        spans, fallbacks = token_spans(ids, self._decode(ctx), self.pattern, self.max_span_tokens)
+        width = max(e for _, e in spans)
+        device = weight.device
+        if r.hidden is not None:
+            hidden = r.hidden[rows, :width].to(device)
+        else:  # engines that record no hidden states: one teacher-forced pass
+            hidden = self._forward_hidden(
+                ctx, r.input_ids()[rows], r.attention_mask()[rows], r.response_ids.shape[1]
+            )[:, :width]
+        v = batched_gradient_signal(
+            hidden,
+            span_mask(spans, width).to(device),
+            weight.detach(),
+            None if bias is None else bias.detach(),
+            r.response_ids[rows, :width].to(device),
+            self._chunk(ctx),
+        )
+        return v.cpu(), fallbacks
+
+    def _anchor_signals(
+        self,
+        keys: Sequence[tuple[tuple[int, ...], str]],
+        ctx: ShapingContext,
+        weight: torch.Tensor,
+        bias: Any,
+    ) -> dict[tuple[tuple[int, ...], str], torch.Tensor]:
+        """v_a of each (prompt ids, solution text), teacher-forced under the current policy."""
+        if not keys:
+            return {}
+        tok = ctx.tokenizer
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        answers = [
+            tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            for _, text in keys
+        ]
+        spans, _ = token_spans(answers, self._decode(ctx), self.pattern, self.max_span_tokens)
+        out: dict[tuple[tuple[int, ...], str], torch.Tensor] = {}
+        for start in range(0, len(keys), FORWARD_BATCH):
+            part = slice(start, start + FORWARD_BATCH)
+            ids, mask, width = _pack([p for p, _ in keys[part]], answers[part], pad)
+            hidden = self._forward_hidden(ctx, ids, mask, width)
+            v = batched_gradient_signal(
+                hidden,
+                span_mask(spans[part], width).to(hidden.device),
+                weight.detach(),
+                None if bias is None else bias.detach(),
+                ids[:, -width:].to(hidden.device),
+                self._chunk(ctx),
+            ).cpu()
+            out.update(zip(keys[part], v, strict=True))
+        return out
+
+    def _forward_hidden(
+        self, ctx: ShapingContext, ids: torch.Tensor, mask: torch.Tensor, width: int
+    ) -> torch.Tensor:
+        """LM-head inputs [B, width, d] for the last `width` tokens, no grad, eval mode."""
+        model = ctx.model
+        device = next(model.parameters()).device
+        with torch.no_grad(), _eval_mode(model):
+            out = response_logprobs(
+                model,
+                ids.to(device),
+                mask.to(device),
+                width,
+                chunk_size=self._chunk(ctx),
+                with_hidden=True,
+            )
+        return out.hidden.detach()
+
+    def _decode(self, ctx: ShapingContext) -> Any:
+        return lambda ids: ctx.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+def _pack(
+    prompts: Sequence[Sequence[int]], answers: Sequence[Sequence[int]], pad: int
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """[left-padded prompt | right-padded answer] ids and mask [B, P + A], and A."""
+    p, a = max(map(len, prompts)), max(map(len, answers))
+    ids = torch.full((len(prompts), p + a), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, (q, s) in enumerate(zip(prompts, answers, strict=True)):
+        ids[row, p - len(q) : p] = torch.tensor(q)
+        ids[row, p : p + len(s)] = torch.tensor(s)
+        mask[row, p - len(q) : p + len(s)] = 1
+    return ids, mask, a
