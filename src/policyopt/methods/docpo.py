@@ -35,6 +35,7 @@ import torch
 
 from policyopt.core.filters import GROUP_FILTERS, group_min_max
 from policyopt.core.registry import unknown_name_message
+from policyopt.methods.presets import register_preset
 from policyopt.rewards.shaping import SHAPERS, RewardShaper, ShapingContext
 
 GAMMA_INIT = 1.0  # SPEC §5
@@ -255,3 +256,29 @@ def filter_degenerate_groups(
         return torch.zeros(0, dtype=torch.bool)
     lo, hi = group_min_max(rewards, group_ids)
     return ~((lo >= high) | (hi <= low))
+
+
+# The DocPO preset (SPEC §5): GRPO advantages with the token clip, 8 rollouts per prompt, no KL;
+# DocPO's reward of each row's element type, Step-Aware Annealing, and the all-perfect /
+# all-zero group filter. The rewards are continuous: a rollout counts as correct (accuracy,
+# pass@k during training) from 0.99. Ablation without SAA: reward.shapers=[].
+register_preset(
+    "docpo",
+    {
+        "algorithm": {
+            "advantage": "grpo",
+            "loss": "ppo_clip",
+            "agg": "seq-mean-token-mean",
+            "clip_low": 0.2,
+            "clip_high": 0.2,
+            "kl_coef": 0.0,
+            "group_filter": "docpo",
+        },
+        "rollout": {"group_size": 8},
+        "reward": {
+            "functions": [{"name": "docparse"}],
+            "shapers": [{"name": "step_aware_annealing"}],
+            "correct_threshold": 0.99,
+        },
+    },
+)

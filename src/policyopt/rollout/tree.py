@@ -94,6 +94,7 @@ def _sample(
     pos = positions(mask)
     # Row r of the branch batch is a copy of prefix `copy[r]`.
     copy = torch.repeat_interleave(torch.arange(len(prefixes)), repeats)
+    on_device = copy.to(device)
     hidden_steps: list[torch.Tensor] = []
     hook = None
     if params.with_hidden:
@@ -107,19 +108,24 @@ def _sample(
             input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1
         )
         cache = _cache_of(out)
-        cache.batch_select_indices(copy.to(device))  # type: ignore[attr-defined]
-        logits = out.logits[:, -1][copy.to(device)]
+        cache.batch_select_indices(on_device)  # type: ignore[attr-defined]
         if hidden_steps:
-            hidden_steps[0] = hidden_steps[0][copy.to(device)]
-        mask, pos = mask[copy.to(device)], pos[copy.to(device), -1:]
-        tokens, ids_steps = _decode(engine, model, cache, logits, mask, pos, budget[copy], params)
+            hidden_steps[0] = hidden_steps[0][on_device]
+        tok, logp, ent, resp_mask, finished = _decode(
+            engine,
+            cache,
+            out.logits[:, -1][on_device],
+            mask[on_device],
+            pos[on_device, -1:],
+            budget[copy],
+            params,
+        )
     finally:
         if hook is not None:
             hook.remove()
-    tok, logp, ent, resp_mask, finished = ids_steps
     hidden = None
     if params.with_hidden:
-        hidden = torch.stack(hidden_steps[:tokens], 1) * resp_mask[..., None]
+        hidden = torch.stack(hidden_steps[: tok.shape[1]], 1) * resp_mask[..., None]
     return Rollouts(
         prompt_ids=prefix_ids[copy],
         prompt_mask=prefix_mask[copy],
@@ -135,16 +141,16 @@ def _sample(
 
 def _decode(
     engine: HFEngine,
-    model: torch.nn.Module,
     cache: object,
     logits: torch.Tensor,
     mask: torch.Tensor,
     pos: torch.Tensor,
     budget: torch.Tensor,
     params: SamplingParams,
-) -> tuple[int, tuple[torch.Tensor, ...]]:
-    """Sample until every row hit EOS or its budget; the loop of `HFEngine._sample` with a
-    per-row token budget. Returns (steps, (tokens, logp, entropy, mask, ended_with_eos))."""
+) -> tuple[torch.Tensor, ...]:
+    """Sample until every row hit EOS or its budget: the loop of `HFEngine._sample` with a
+    per-row token budget. Returns tokens, logp, entropy, mask (each [n, steps]) and a bool [n]
+    that is True where the row ended with EOS."""
     device = logits.device
     budget = budget.to(device)
     n = logits.shape[0]
@@ -171,7 +177,7 @@ def _decode(
             break
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         pos = pos + 1
-        out = model(
+        out = engine.model(
             input_ids=tok[:, None],
             attention_mask=mask,
             position_ids=pos,
@@ -181,5 +187,10 @@ def _decode(
         cache = _cache_of(out)
         logits = out.logits[:, -1]
     resp_mask = torch.stack(alive_steps, 1).float()
-    stacked = (torch.stack(tokens, 1), torch.stack(logps, 1), torch.stack(ents, 1))
-    return len(tokens), (*stacked, resp_mask, finished)
+    return (
+        torch.stack(tokens, 1),
+        torch.stack(logps, 1),
+        torch.stack(ents, 1),
+        resp_mask,
+        finished,
+    )

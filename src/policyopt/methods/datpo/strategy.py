@@ -133,39 +133,37 @@ def _branch_block_ids(
 
 
 def _pad_to(x: Tensor, width: int, value: float) -> Tensor:
+    """Right-pad (or crop) dim 1 of [n, R] or [n, R, d] to `width`."""
     pad = (0, 0, 0, width - x.shape[1]) if x.dim() == 3 else (0, width - x.shape[1])
     return torch.nn.functional.pad(x, pad, value=value)
 
 
 def _splice(base: Rollouts, cont: Rollouts, src: Tensor, at: Tensor, pad_id: int) -> Rollouts:
-    """Leaves [prefix of base row src[i] up to at[i] | continuation i], one per branch."""
+    """Leaf i = [base row src[i], tokens 0..at[i]-1 | continuation i]: the prefix's ids,
+    sampling log-probs, entropies (and hidden states) are the base's."""
     width = int((at + cont.lengths).max())
-    cols = torch.arange(width)[None, :]
-    in_prefix = cols < at[:, None]
-    offset = cols - at[:, None]  # column of the continuation
-    in_cont = (offset >= 0) & (offset < cont.response_ids.shape[1])
-    take = offset.clamp(0, cont.response_ids.shape[1] - 1)
+    cont_width = cont.response_ids.shape[1]
+    offset = torch.arange(width)[None, :] - at[:, None]  # column in the continuation
+    in_prefix, in_cont = offset < 0, (offset >= 0) & (offset < cont_width)
+    take = offset.clamp(0, cont_width - 1)
 
-    def join(b: Tensor, c: Tensor, fill: float) -> Tensor:
-        pre = _pad_to(b[src], width, fill)
-        idx = take if c.dim() == 2 else take[..., None].expand(-1, -1, c.shape[-1])
-        post = torch.where(in_cont if c.dim() == 2 else in_cont[..., None], c.gather(1, idx), fill)
-        return torch.where(in_prefix if c.dim() == 2 else in_prefix[..., None], pre, post)
+    def join(b: Tensor, c: Tensor) -> Tensor:
+        extra = (slice(None), slice(None)) + (None,) * (c.dim() - 2)  # broadcast over d
+        post = c.gather(1, take[extra].expand(-1, -1, *c.shape[2:]))
+        post = torch.where(in_cont[extra], post, torch.zeros_like(post))
+        return torch.where(in_prefix[extra], _pad_to(b[src], width, 0), post)
 
-    mask = join(base.response_mask, cont.response_mask, 0.0)
-    pad_id = (
-        int(cont.response_ids[cont.response_mask == 0][0]) if (cont.response_mask == 0).any() else 0
-    )
+    mask = join(base.response_mask, cont.response_mask)
     hidden = None
     if base.hidden is not None and cont.hidden is not None:
-        hidden = join(base.hidden, cont.hidden, 0.0)
+        hidden = join(base.hidden, cont.hidden)
     return Rollouts(
         prompt_ids=base.prompt_ids[src],
         prompt_mask=base.prompt_mask[src],
-        response_ids=torch.where(mask > 0, join(base.response_ids, cont.response_ids, 0), pad_id),
+        response_ids=torch.where(mask > 0, join(base.response_ids, cont.response_ids), pad_id),
         response_mask=mask,
-        logp=join(base.logp, cont.logp, 0.0),
-        entropy=join(base.entropy, cont.entropy, 0.0),
+        logp=join(base.logp, cont.logp),
+        entropy=join(base.entropy, cont.entropy),
         truncated=cont.truncated,
         generated_tokens=cont.generated_tokens,
         hidden=hidden,
