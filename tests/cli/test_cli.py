@@ -123,11 +123,42 @@ def test_bench_json(tmp_path) -> None:
 
 def test_sft_then_eval(tmp_path, capsys) -> None:
     model_dir = tmp_path / "sft"
-    assert main(["sft", "--output-dir", str(model_dir), "sft.steps=3", "sft.batch_size=4", "task.options={train_size: 50, eval_size: 10}"]) == 0
+    assert (
+        main(
+            [
+                "sft",
+                "--output-dir",
+                str(model_dir),
+                "sft.steps=3",
+                "sft.batch_size=4",
+                "task.options={train_size: 50, eval_size: 10}",
+            ]
+        )
+        == 0
+    )
     assert (model_dir / "model.safetensors").exists() and (model_dir / "tokenizer.json").exists()
     out = tmp_path / "eval.json"
-    args = ["eval", "--model", str(model_dir), "--samples", "2", "--json-out", str(out), "eval.size=4", "rollout.max_new_tokens=8", "task.options={train_size: 50, eval_size: 10}"]
+    args = [
+        "eval",
+        "--model",
+        str(model_dir),
+        "--samples",
+        "2",
+        "--json-out",
+        str(out),
+        "eval.size=4",
+        "rollout.max_new_tokens=8",
+        "task.options={train_size: 50, eval_size: 10}",
+    ]
     assert main(args) == 0
     result = json.loads(out.read_text())
-    assert set(result) == {"eval/accuracy", "eval/pass@1", "eval/pass@2", "eval/avg@2", "eval/maj@2"}
+    assert {
+        "eval/accuracy",
+        "eval/reward",
+        "eval/pass@1",
+        "eval/pass@2",
+        "eval/avg@2",
+        "eval/maj@2",
+    } <= set(result)
+    assert any(k.startswith("eval/level_") for k in result)
     assert result["eval/pass@2"] >= result["eval/pass@1"]

@@ -1,11 +1,8 @@
 """DATPO with the tiny model: KV-cache reuse, tree rollouts that share prefixes with exact
 token counts, the embedders, and two training steps through the trainer."""
 
-import importlib.util
 import json
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,15 +18,9 @@ from policyopt.rollout.hf_engine import HFEngine
 from policyopt.rollout.tree import sample_branches
 from policyopt.trainer.config import load_config
 from policyopt.trainer.trainer import Trainer
+from run_configs import small_overrides
 
 torch.set_num_threads(1)
-
-TRAINER_TESTS = Path(__file__).parents[1] / "trainer"
-_spec = importlib.util.spec_from_file_location("trainer_conftest", TRAINER_TESTS / "conftest.py")
-_conftest = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_conftest)
-if str(TRAINER_TESTS) not in sys.path:
-    sys.path.insert(0, str(TRAINER_TESTS))
 
 
 @pytest.fixture(scope="module")
@@ -262,7 +253,7 @@ def test_policy_embeddings_are_mean_hidden_states_per_block(tiny):
 def test_two_steps_through_the_trainer(tmp_path):
     cfg = load_config(
         overrides=[
-            *_conftest.small_overrides(tmp_path, 2),
+            *small_overrides(tmp_path, 2),
             "algorithm.name=datpo",
             "rollout.strategy_options.fork_unit=token",  # the untrained model writes no sentences
             "reward.shapers=[{name: datpo_diversity, options: {embedder: policy}}]",

@@ -59,7 +59,7 @@ def test_recipes_share_grpo_budget_and_differ_only_in_the_shaper():
 
 
 def docpo_run(tmp_path: Path, *extra: str, steps: int = 2):
-    overrides = [  # tests/trainer/conftest.py's small run, on the docparse task
+    overrides = [  # tests/run_configs.py's small run, on the docparse task
         f"train.output_dir={tmp_path}",
         f"train.steps={steps}",
         "train.num_threads=1",

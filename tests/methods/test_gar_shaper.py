@@ -3,12 +3,10 @@ computation (full-logit forward + autograd at the LM head), cost (one anchor pas
 no signal for wrong rollouts), engine-recorded vs teacher-forced hidden states, several and
 auxiliary anchors, reasoning spans; composition with presets, the recipe, and a training step."""
 
-import importlib.util
 import json
 import math
 import re
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,15 +18,10 @@ from policyopt.models.loading import load_model
 from policyopt.models.logprobs import naive_response_logprobs
 from policyopt.rewards.shaping import SHAPERS, ShapingContext
 from policyopt.rollout.base import ENGINES, Rollouts, SamplingParams
+from run_configs import small_overrides
 
 torch.set_num_threads(1)
 
-# The trainer tests' few-second run settings (tests/trainer is not a package).
-_spec = importlib.util.spec_from_file_location(
-    "gar_trainer_conftest", Path(__file__).parents[1] / "trainer" / "conftest.py"
-)
-_trainer_conftest = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_trainer_conftest)
 
 SOLUTION = {
     "Q:3+4=?\n": "3+4=7. A:7",
@@ -318,7 +311,7 @@ def _records(path):
 def small_config(output_dir, *extra, steps):
     from policyopt.trainer.config import load_config
 
-    return load_config(overrides=[*_trainer_conftest.small_overrides(output_dir, steps), *extra])
+    return load_config(overrides=[*small_overrides(output_dir, steps), *extra])
 
 
 def test_training_steps_end_to_end(tmp_path):

@@ -1,9 +1,7 @@
 """HISPO: entropy segments (SPEC section 2 steps 2-5), the annotator, preset, recipe,
 training through the trainer, and LoRA rank-1 training with merged checkpoints."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,21 +15,14 @@ from policyopt.rollout.base import Rollouts
 from policyopt.rollout.strategies import ROLLOUT_ANNOTATORS
 from policyopt.trainer.config import load_config
 from policyopt.trainer.trainer import Trainer
+from run_configs import small_overrides
 
 torch.set_num_threads(1)
 F64 = torch.float64
 
-# The trainer tests' `small_overrides` (few-second runs) and their reward functions.
-TRAINER_TESTS = Path(__file__).parents[1] / "trainer"
-_spec = importlib.util.spec_from_file_location("trainer_conftest", TRAINER_TESTS / "conftest.py")
-_conftest = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_conftest)
-if str(TRAINER_TESTS) not in sys.path:
-    sys.path.insert(0, str(TRAINER_TESTS))
-
 
 def small_config(output_dir: Path, *extra: str, steps: int = 2):
-    return load_config(overrides=[*_conftest.small_overrides(output_dir, steps), *extra])
+    return load_config(overrides=[*small_overrides(output_dir, steps), *extra])
 
 
 def reference_segments(h: list[float], alpha: float, q: float, window: int) -> list[int]:

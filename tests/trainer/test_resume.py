@@ -7,11 +7,11 @@ import sys
 import time
 
 import torch
-from conftest import HERE, small_overrides
 from safetensors.torch import load_file
 
 from policyopt.trainer.checkpoint import latest_checkpoint, list_checkpoints
 from policyopt.trainer.trainer import Trainer
+from run_configs import TESTS_DIR, small_overrides
 
 
 def params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -72,7 +72,7 @@ def test_resume_after_kill_mid_run(tmp_path, small_config) -> None:
     reference = tmp_path / "ref"
     run(small_config(reference, steps=6))
     killed = tmp_path / "killed"
-    env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = {**os.environ, "PYTHONPATH": f"{TESTS_DIR}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     cmd = [
         sys.executable,
         "-m",

@@ -82,6 +82,7 @@ class ArithmeticTask(Task):
     prompt_column = "prompt"
     answer_column = "answer"
     solution_column = "solution"
+    eval_group_column = "level"
 
     def __init__(
         self,

@@ -26,6 +26,9 @@ class Task(ABC):
     prompt_column: str = "prompt"
     answer_column: str = "answer"
     solution_column: str | None = "solution"
+    # Evaluation also reports accuracy and mean reward per value of this column (e.g. the
+    # difficulty level, or DocPO's element type); None for none.
+    eval_group_column: str | None = None
 
     @abstractmethod
     def rows(self, split: str) -> datasets.Dataset:

@@ -6,8 +6,8 @@ Three element types, in difficulty levels 1-3; each row pairs a scan with its ta
 - text: one (levels 1, 2) or two (level 3) short sentences from a small vocabulary; the target
   is the clean text on one line. From level 2 the scan wraps it into lines of `WRAP_WIDTH`
   characters, cutting a long word at a line end with a hyphen (`sor-\\nts`).
-- table: a grid of short cells, 2x2 at level 1, 2x3 or 3x2 at level 2, 2x3, 3x2 or 3x3 with
-  one cell spanning two columns or two rows at level 3; the target is minimal HTML,
+- table: a grid of short cells, 2x2 at level 1, 2x3 or 3x2 at level 2, the same with one
+  cell spanning two columns or two rows at level 3; the target is minimal HTML,
   `<table><tr><td>7</td><td colspan="2">kg</td></tr>...</table>`. The scan prints each row
   with `|` between cells and every column padded to its widest cell; a cell spanning columns
   takes their width (and the `|` between them), a place covered by a cell spanning rows from
@@ -17,12 +17,17 @@ Three element types, in difficulty levels 1-3; each row pairs a scan with its ta
   sqrt or a power that is not a single symbol or number is wrapped in parentheses in the scan
   (`frac (x plus 1) over y`), so the spoken form is unambiguous.
 
+Sizes suit the embedded 1M-parameter character model: targets are 18-94 characters of text,
+73-114 of HTML (a 3x3 table would take ~140, a 4x4 one ~220) and 3-40 of LaTeX; every
+target is at most `MAX_REFERENCE_CHARS`, and prompts at most ~120 characters.
+
 OCR noise turns the noise-free rendering (`plain`) into the scan by 1 to 5 events (more at
 higher levels), each one of: a character confusion (`CONFUSIONS`: l→1/I, I→l, O→0, o→0,
 m→rn, S→5, e→c, u→v, 0→O, 1→l, 5→S), a dropped space, a doubled space; in tables, a padding
-space dropped or a space added after a `|` (not before: that could restore a dropped one). Confusions never touch a formula's symbols or
-numbers (only its spoken words), where they would make the target unrecoverable. Every scan
-has at least one event, so it differs from its plain rendering.
+space dropped or a space added after a `|` (not before, which could restore a dropped one).
+Confusions never touch a formula's symbols or numbers (only its spoken words), where they
+would make the target unrecoverable. Every scan has at least one event, so it differs from
+its plain rendering.
 
 Rows: `prompt` (what `format_prompt` builds), `scan`, `reference` (target markup),
 `solution` (= reference: the SFT target), `element_type` and `level`. The eval split is drawn
@@ -36,13 +41,14 @@ the same value as the registered `docparse` reward function; None only for an em
 completion. Anything else, including a table without `<table>` or LaTeX that does not parse,
 is a legitimate 0 under the rewards' conventions.
 
-The model side: `format_prompt(row)` is the only place where a row becomes policy input, and
-the rewards and the step-aware shaper read only `reference` and `element_type`. A vision
-variant (e.g. Qwen2.5-VL on GPU) subclasses this task, renders each element to an image (a
-real rendering of the table/formula/text instead of `render_scan`'s noisy text) in an `image`
-column and overrides `format_prompt` to return the instruction only (e.g. `Parse this
-{type} into markup.`); the rollout engine then has to pass the image to the processor. The
-rewards, the shaper, the group filter and the preset stay as they are.
+The model side: `format_prompt(row)` is the only place where a row becomes policy input; the
+rewards, the step-aware shaper and the group filter read only `reference`, `element_type`
+and the completions. A vision variant (e.g. Qwen2.5-VL on GPU) subclasses this task: it adds
+an `image` column (the element rendered as a picture, from the same reference, instead of
+`make_element`'s noisy text) and overrides `format_prompt` to return the instruction only
+(`Parse this {element_type} into markup.`); what remains is an engine that hands the row's
+image to the model's processor with that text. Rewards, shaper, filter and preset stay as
+they are.
 """
 
 from __future__ import annotations
@@ -147,9 +153,7 @@ CELL_LABELS = (
     "sum", "avg", "top", "low", "old", "new", "Q1", "Q2", "Q3", "yes", "net", "tax", "fee",
     "day", "May", "Jun", "Sep",
 )  # fmt: skip
-TABLE_SHAPES = {1: ((2, 2),), 2: ((2, 3), (3, 2)), 3: ((2, 3), (3, 2))}
-
-
+TABLE_SHAPES = {1: ((2, 2),), 2: ((2, 3), (3, 2)), 3: ((2, 3), (3, 2))}  # (rows, columns)
 _LABELS_UP_TO = {n: tuple(w for w in CELL_LABELS if len(w) <= n) for n in (2, 3)}
 
 
@@ -477,6 +481,7 @@ class DocParseTask(Task):
     prompt_column = "prompt"
     answer_column = "reference"
     solution_column = "solution"
+    eval_group_column = "element_type"
 
     def __init__(
         self,

@@ -31,6 +31,8 @@ def evaluate(
     texts = decode(tokenizer, greedy)
     scores = [task.verify(t, row) or 0.0 for t, row in zip(texts, picked, strict=True)]
     out = {"eval/accuracy": sum(s >= 1.0 for s in scores) / len(scores)}
+    out["eval/reward"] = sum(scores) / len(scores)
+    out.update(grouped_scores(task, picked, scores))
     if samples <= 0:
         return out
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
@@ -57,3 +59,18 @@ def evaluate(
 def eval_rows(task: Task, size: int) -> datasets.Dataset:
     rows = task.rows("eval")
     return rows.select(range(min(size, len(rows)))) if size else rows
+
+
+def grouped_scores(task: Task, rows: list[dict[str, Any]], scores: list[float]) -> dict[str, float]:
+    """Greedy accuracy and mean reward per value of the task's `eval_group_column`."""
+    column = task.eval_group_column
+    if column is None:
+        return {}
+    groups: dict[str, list[float]] = {}
+    for row, score in zip(rows, scores, strict=True):
+        groups.setdefault(f"{column}_{row[column]}", []).append(score)
+    out: dict[str, float] = {}
+    for name, values in sorted(groups.items()):
+        out[f"eval/{name}/accuracy"] = sum(v >= 1.0 for v in values) / len(values)
+        out[f"eval/{name}/reward"] = sum(values) / len(values)
+    return out

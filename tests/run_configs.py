@@ -1,17 +1,13 @@
-import sys
+"""Few-second training configs on the untrained tiny model, shared by the test folders."""
+
 from pathlib import Path
 
-import pytest
-
-from policyopt.trainer.config import Config, load_config
-
-HERE = Path(__file__).parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+TESTS_DIR = Path(__file__).parent
 
 
 def small_overrides(output_dir: Path, steps: int = 4) -> list[str]:
-    """A training run of a few seconds on the untrained tiny model."""
+    """A training run of a few seconds on the untrained tiny model, with a reward
+    (`rewards_for_tests:digit_fraction`) that varies within groups so that updates happen."""
     return [
         f"train.output_dir={output_dir}",
         f"train.steps={steps}",
@@ -28,11 +24,3 @@ def small_overrides(output_dir: Path, steps: int = 4) -> list[str]:
         "eval.size=8",
         "task.options={train_size: 200, eval_size: 20}",
     ]
-
-
-@pytest.fixture
-def small_config():
-    def make(output_dir: Path, *extra: str, steps: int = 4) -> Config:
-        return load_config(overrides=[*small_overrides(output_dir, steps), *extra])
-
-    return make

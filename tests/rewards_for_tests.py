@@ -1,4 +1,4 @@
-"""Reward functions that tests load by `module:function` (this folder is on sys.path)."""
+"""Reward functions that tests load by `module:function` (tests/conftest.py puts this folder on sys.path)."""
 
 
 def digit_fraction(prompts, completions, **columns):
