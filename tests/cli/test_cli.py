@@ -162,3 +162,30 @@ def test_sft_then_eval(tmp_path, capsys) -> None:
     } <= set(result)
     assert any(k.startswith("eval/level_") for k in result)
     assert result["eval/pass@2"] >= result["eval/pass@1"]
+
+
+def test_bench_against_trl(tmp_path) -> None:
+    pytest.importorskip("trl")
+    out = tmp_path / "bench.json"
+    args = [
+        "bench",
+        "--algos",
+        "grpo",
+        "--against",
+        "trl",
+        "--steps",
+        "1",
+        "--prompts",
+        "2",
+        "--group-size",
+        "4",
+        "--max-new-tokens",
+        "8",
+        "--json-out",
+        str(out),
+    ]
+    assert main(args) == 0
+    report = json.loads(out.read_text())
+    assert set(report["step_time_s"]) == {"grpo", "trl"}
+    ratio = report["step_time_ratio_to_trl"]["grpo"]
+    assert ratio == pytest.approx(report["step_time_s"]["grpo"] / report["step_time_s"]["trl"])

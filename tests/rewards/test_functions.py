@@ -190,3 +190,16 @@ def test_build_reward_pipeline_with_task_and_registered_names():
     torch.testing.assert_close(result.total, torch.tensor([1.5, 0.5, 1.0]))
     with pytest.raises(ValueError, match="needs a task"):
         build_reward_pipeline([("task", 1.0)])
+
+
+def test_task_reward_function_ignores_trl_extra_arguments() -> None:
+    """TRL's GRPOTrainer also passes non-column keywords (trainer_state, log_metric, ...)."""
+    from policyopt.rewards.functions import task_reward_function
+    from policyopt.tasks import get_task
+
+    task = get_task("arithmetic", train_size=10, eval_size=10)
+    verify = task_reward_function(task)
+    out = verify(
+        ["Q:1+2=?\n"], ["1+2=3. A:3"], answer=["3"], trainer_state=object(), log_metric=print
+    )
+    assert out == [1.0]

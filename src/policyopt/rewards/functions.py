@@ -87,9 +87,14 @@ def load_reward_function(spec: str) -> RewardFunction:
 
 
 def task_reward_function(task: Task) -> RewardFunction:
-    """`task.verify` with TRL's signature: row i is `{column: values[i]}` of the columns."""
+    """`task.verify` with TRL's signature: row i is `{column: values[i]}` of the columns.
 
-    def verify(prompts: list[str], completions: list[str], **columns: list) -> list[float | None]:
+    Keyword arguments that are not lists (TRL also passes `trainer_state`, `log_metric`,
+    ...) are not columns and are ignored.
+    """
+
+    def verify(prompts: list[str], completions: list[str], **kwargs: Any) -> list[float | None]:
+        columns = {k: v for k, v in kwargs.items() if isinstance(v, list | tuple)}
         for column, values in columns.items():
             if len(values) != len(completions):
                 raise ValueError(
