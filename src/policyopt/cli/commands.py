@@ -80,10 +80,7 @@ def add_sft(sub: argparse._SubParsersAction) -> None:
 
 
 def run_sft_command(args: argparse.Namespace) -> int:
-    from policyopt.models.loading import load_model
-    from policyopt.tasks.base import get_task
-    from policyopt.trainer.sft import run_sft
-    from policyopt.trainer.trainer import seed_everything
+    from policyopt.recipes.pipeline import fine_tune
 
     config = load_config(args.config, args.overrides)
     if args.print_config:
@@ -91,18 +88,7 @@ def run_sft_command(args: argparse.Namespace) -> int:
         return 0
     if config.sft.steps == 0:
         raise ValueError("sft.steps is 0: set it, e.g. sft.steps=1000")
-    seed_everything(config.train.seed)
-    model, tok = load_model(config.model.name_or_path, dtype=config.model.dtype)
-    task = get_task(config.task.name, **config.task.options)
-    metrics = run_sft(
-        model,
-        tok,
-        task,
-        config.sft,
-        seed=config.train.seed,
-        chunk_size=config.model.logit_chunk_size,
-        chat=config.model.chat_template,
-    )
+    model, tok, metrics = fine_tune(config)
     out = Path(args.output_dir)
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)

@@ -36,6 +36,27 @@ def sft_cache_key(config: Config) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def fine_tune(config: Config, console: Console | None = None) -> tuple[Any, Any, dict[str, float]]:
+    """Load the configured model and run SFT on the task's expert solutions (no caching)."""
+    seed_everything(config.train.seed)
+    model, tok = load_model(
+        config.model.name_or_path, dtype=config.model.dtype, device=config.model.device
+    )
+    task = get_task(config.task.name, **config.task.options)
+    metrics = run_sft(
+        model,
+        tok,
+        task,
+        config.sft,
+        seed=config.train.seed,
+        chunk_size=config.model.logit_chunk_size,
+        chat=config.model.chat_template,
+        console=console,
+        progress=config.train.progress,
+    )
+    return model, tok, metrics
+
+
 def warm_started_policy(config: Config, console: Console) -> tuple[Any, Any, dict[str, float]]:
     """The model after SFT on the task's expert solutions, built once per SFT setting and
     cached (atomically) under the policyopt cache folder."""
@@ -50,20 +71,7 @@ def warm_started_policy(config: Config, console: Console) -> tuple[Any, Any, dic
         model, tok = load_model(str(cached), dtype=cfg.model.dtype, device=cfg.model.device)
         console.print(f"SFT warm start from cache {cached}")
         return model, tok, json.loads((cached / "sft_metrics.json").read_text())
-    seed_everything(cfg.train.seed)
-    model, tok = load_model(cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.model.device)
-    task = get_task(cfg.task.name, **cfg.task.options)
-    metrics = run_sft(
-        model,
-        tok,
-        task,
-        cfg.sft,
-        seed=cfg.train.seed,
-        chunk_size=cfg.model.logit_chunk_size,
-        chat=cfg.model.chat_template,
-        console=console,
-        progress=cfg.train.progress,
-    )
+    model, tok, metrics = fine_tune(cfg, console)
     cached.parent.mkdir(parents=True, exist_ok=True)
     tmp = cached.parent / f".tmp-{cached.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
