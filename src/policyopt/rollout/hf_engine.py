@@ -7,6 +7,9 @@ One forward per new token for the whole batch; rows that reached EOS keep feedin
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -84,20 +87,10 @@ class HFEngine(RolloutEngine):
 
     def _sample(self, prompts: list[list[int]], params: SamplingParams) -> Rollouts:
         prompt_ids, prompt_mask = left_pad(prompts, self.pad_id)
-        n = len(prompts)
         device = next(self.model.parameters()).device
         ids, mask = prompt_ids.to(device), prompt_mask.to(device)
         pos = positions(mask)
-        hidden_steps: list[torch.Tensor] = []
-        hook = None
-        if params.with_hidden:
-            head = self.model.get_output_embeddings()
-            hook = head.register_forward_hook(
-                lambda _m, args, _out: hidden_steps.append(args[0][:, -1].detach().float())
-            )
-        tokens, logps, ents, alive_steps = [], [], [], []
-        alive = torch.ones(n, dtype=torch.bool, device=device)
-        try:
+        with head_inputs(self.model, params.with_hidden) as hidden_steps:
             out = self.model(
                 input_ids=ids,
                 attention_mask=mask,
@@ -105,46 +98,113 @@ class HFEngine(RolloutEngine):
                 use_cache=True,
                 logits_to_keep=1,
             )
-            for step in range(params.max_new_tokens):
-                tok, lp, ent = sample_next(
-                    out.logits[:, -1],
-                    temperature=params.temperature,
-                    top_p=params.top_p,
-                    greedy=params.greedy,
-                    generator=self.generator,
-                )
-                tok = torch.where(alive, tok, torch.full_like(tok, self.pad_id))
-                tokens.append(tok)
-                logps.append(lp)
-                ents.append(ent)
-                alive_steps.append(alive)
-                alive = alive & (tok != self.eos_id)
-                if not alive.any() or step == params.max_new_tokens - 1:
-                    break
-                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-                pos = pos[:, -1:] + 1
-                out = self.model(
-                    input_ids=tok[:, None],
-                    attention_mask=mask,
-                    position_ids=pos,
-                    use_cache=True,
-                    **{self._cache_kw: _cache_of(out)},
-                )
-        finally:
-            if hook is not None:
-                hook.remove()
-        resp_mask = torch.stack(alive_steps, 1).float()
-        hidden = None
-        if params.with_hidden:
-            hidden = torch.stack(hidden_steps[: len(tokens)], 1) * resp_mask[..., None]
-        return Rollouts(
-            prompt_ids=prompt_ids,
-            prompt_mask=prompt_mask,
-            response_ids=torch.stack(tokens, 1).cpu(),
-            response_mask=resp_mask.cpu(),
-            logp=(torch.stack(logps, 1) * resp_mask).cpu(),
-            entropy=(torch.stack(ents, 1) * resp_mask).cpu(),
-            truncated=alive.cpu(),
-            generated_tokens=int(resp_mask.sum().item()),
-            hidden=None if hidden is None else hidden.cpu(),
+            budget = torch.full((len(prompts),), params.max_new_tokens)
+            decoded = self.decode(
+                _cache_of(out), out.logits[:, -1], mask, pos[:, -1:], budget, params
+            )
+        return to_rollouts(prompt_ids, prompt_mask, decoded, hidden_steps)
+
+    def decode(
+        self,
+        cache: object,
+        logits: torch.Tensor,
+        mask: torch.Tensor,
+        pos: torch.Tensor,
+        budget: torch.Tensor,
+        params: SamplingParams,
+    ) -> Decoded:
+        """Sample from `logits` [n, V] (the prefill's last position) on, one forward per token
+        with the KV `cache`, until every row hit EOS or its token `budget` [n]. `mask` is the
+        attention mask so far and `pos` [n, 1] each row's last position id."""
+        device = logits.device
+        budget = budget.to(device)
+        alive = torch.ones(logits.shape[0], dtype=torch.bool, device=device)
+        finished = torch.zeros_like(alive)
+        tokens, logps, ents, alive_steps = [], [], [], []
+        for step in range(int(budget.max())):
+            alive = alive & (step < budget)
+            tok, lp, ent = sample_next(
+                logits,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                greedy=params.greedy,
+                generator=self.generator,
+            )
+            tok = torch.where(alive, tok, torch.full_like(tok, self.pad_id))
+            tokens.append(tok)
+            logps.append(lp)
+            ents.append(ent)
+            alive_steps.append(alive)
+            finished = finished | (alive & (tok == self.eos_id))
+            alive = alive & (tok != self.eos_id)
+            if not (alive & (step + 1 < budget)).any():
+                break
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            pos = pos + 1
+            out = self.model(
+                input_ids=tok[:, None],
+                attention_mask=mask,
+                position_ids=pos,
+                use_cache=True,
+                **{self._cache_kw: cache},
+            )
+            cache = _cache_of(out)
+            logits = out.logits[:, -1]
+        return Decoded(
+            tokens=torch.stack(tokens, 1),
+            logp=torch.stack(logps, 1),
+            entropy=torch.stack(ents, 1),
+            mask=torch.stack(alive_steps, 1).float(),
+            finished=finished,
         )
+
+
+@dataclass
+class Decoded:
+    """What `HFEngine.decode` sampled: [n, steps] tensors and `finished` [n] (ended by EOS)."""
+
+    tokens: torch.Tensor
+    logp: torch.Tensor
+    entropy: torch.Tensor
+    mask: torch.Tensor
+    finished: torch.Tensor
+
+
+@contextmanager
+def head_inputs(model: PreTrainedModel, enabled: bool) -> Iterator[list[torch.Tensor]]:
+    """Collect, at every forward, the last position's input of the LM head (the hidden state
+    that produced the sampled token's logits; GAR reads it). Yields the list it fills."""
+    steps: list[torch.Tensor] = []
+    if not enabled:
+        yield steps
+        return
+    hook = model.get_output_embeddings().register_forward_hook(
+        lambda _m, args, _out: steps.append(args[0][:, -1].detach().float())
+    )
+    try:
+        yield steps
+    finally:
+        hook.remove()
+
+
+def to_rollouts(
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    d: Decoded,
+    hidden_steps: list[torch.Tensor],
+) -> Rollouts:
+    """Rollouts on the CPU from decoded tokens; padding zeroed in logp, entropy and hidden."""
+    hidden = None
+    if hidden_steps:
+        hidden = (torch.stack(hidden_steps[: d.tokens.shape[1]], 1) * d.mask[..., None]).cpu()
+    return Rollouts(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=d.tokens.cpu(),
+        response_mask=d.mask.cpu(),
+        logp=(d.logp * d.mask).cpu(),
+        entropy=(d.entropy * d.mask).cpu(),
+        truncated=(~d.finished).cpu(),
+        generated_tokens=int(d.mask.sum().item()),
+        hidden=hidden,
+    )
