@@ -104,3 +104,39 @@ def test_plot_and_lora(tmp_path, small_config) -> None:
     assert (tmp_path / "curves.png").stat().st_size > 1000
     assert "kl_ref" in metrics
     assert (tmp_path / "checkpoints" / "step-00000002" / "adapter_model.safetensors").exists()
+
+
+def test_update_normalisers_skip_fully_masked_rows(tmp_path, small_config) -> None:
+    """A response whose loss is masked out (overlong filtering) is not a sequence of the
+    seq-mean denominator: the trainer's loss equals core's on the whole minibatch."""
+    from policyopt.core import compute_policy_loss
+    from policyopt.models.logprobs import response_logprobs
+    from policyopt.trainer.rollout_phase import RolloutTimes, generate_and_score
+    from policyopt.trainer.update import policy_update
+
+    trainer = Trainer(small_config(tmp_path, "optim.lr=1e-12", "optim.max_grad_norm=null", steps=1))
+    scored = generate_and_score(
+        rows=trainer.train_rows,
+        indices=[0, 1],
+        group_offset=0,
+        task=trainer.task,
+        tokenizer=trainer.tokenizer,
+        engine=trainer.engine,
+        reward_fn=trainer.reward_fn,
+        config=trainer.config,
+        times=RolloutTimes(),
+    )
+    batch, _ = trainer._shape(scored)
+    batch.loss_mask = batch.rollouts.response_mask.clone()
+    batch.loss_mask[0] = 0.0
+    r = batch.rollouts
+    with torch.no_grad():
+        logp = response_logprobs(
+            trainer.model, r.input_ids(), r.attention_mask(), r.response_ids.shape[1]
+        ).logp
+    expected, _ = compute_policy_loss(
+        "ppo_clip", logp, logp, batch.advantages, batch.loss_mask, agg="seq-mean-token-mean"
+    )
+    metrics = policy_update(trainer.update_ctx, batch)
+    trainer.close()
+    assert metrics["loss"] == pytest.approx(float(expected), abs=1e-6)

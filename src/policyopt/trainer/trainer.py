@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import random
 import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -291,7 +290,7 @@ class Trainer:
 
     def evaluate(self, samples: int | None = None) -> dict[str, float]:
         cfg = self.config
-        with torch.no_grad(), nullcontext():
+        with torch.no_grad():
             return evaluate(
                 task=self.task,
                 rows=self.eval_rows,

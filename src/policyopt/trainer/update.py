@@ -13,7 +13,13 @@ from typing import Any
 
 import torch
 
-from policyopt.core import POLICY_LOSSES, aggregate, compute_policy_loss, kl_penalty
+from policyopt.core import (
+    POLICY_LOSSES,
+    aggregate,
+    compute_policy_loss,
+    global_normalisers,
+    kl_penalty,
+)
 from policyopt.models.logprobs import response_logprobs
 from policyopt.trainer.batch import StepBatch, accepted, micro_slices, trim
 from policyopt.trainer.config import Config
@@ -97,11 +103,13 @@ def _minibatch_step(
 ) -> tuple[dict[str, float], float]:
     cfg, alg, r = ctx.config, ctx.config.algorithm, batch.rollouts
     loss_mask = batch.loss_mask if batch.loss_mask is not None else r.response_mask
-    norms = {
-        "global_tokens": float(loss_mask[minibatch].sum()),
-        "global_seqs": float(len(minibatch)),
-        "max_len": cfg.rollout.max_new_tokens,
-    }
+    # Normalisers of the whole minibatch (core's definition: a sequence whose loss is
+    # masked out entirely, e.g. by overlong filtering, is not counted).
+    tokens, seqs = global_normalisers(loss_mask[minibatch])
+    norms = {"global_tokens": tokens, "global_seqs": seqs, "max_len": cfg.rollout.max_new_tokens}
+    # Per-token structure the loss asks for (HISPO: segment ids, rollout-time entropies).
+    structure = {"entropies": r.entropy, **r.extras}
+    wanted = accepted(POLICY_LOSSES.get(alg.loss), structure, skip=5)
     sums: dict[str, float] = defaultdict(float)
     for sl in micro_slices(len(minibatch), cfg.train.micro_batch_size):
         rows = minibatch[sl]
@@ -121,8 +129,6 @@ def _minibatch_step(
         if adv.dim() == 2:
             adv = adv[:, :width]
         old = logp.detach() if old_logp is None else old_logp[rows, :width]
-        structure = {"entropies": r.entropy, **r.extras}
-        wanted = accepted(POLICY_LOSSES.get(alg.loss), structure, skip=5)
         options = {**{k: v[rows, :width] for k, v in wanted.items()}, **alg.loss_options}
         loss, metrics = compute_policy_loss(
             alg.loss,
@@ -148,7 +154,7 @@ def _minibatch_step(
         for k, v in metrics.items():
             sums[k] += float(v) * tokens
         sums["loss"] += float(loss.detach())  # micro losses sum to the minibatch loss
-    total = norms["global_tokens"]
+    total = float(tokens)
     out = {k: v / max(total, 1.0) for k, v in sums.items() if k != "loss"}
     out["loss"] = sums["loss"]
     return out, total
