@@ -37,6 +37,10 @@ class ShapingContext:
     tokenizer: Any = None
     logit_chunk_size: int = 1024
     raw: dict[str, list[float]] = field(default_factory=dict)
+    # The weighted verifier total before any shaping [N]; `rewards - verifier_rewards` is what
+    # earlier shaping added (DAPO's overlong term), which a shaper that replaces the
+    # verifier's reward (GAR) keeps.
+    verifier_rewards: torch.Tensor | None = None
 
 
 class RewardShaper:

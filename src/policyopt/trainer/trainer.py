@@ -242,6 +242,7 @@ class Trainer:
             tokenizer=self.tokenizer,
             logit_chunk_size=cfg.model.logit_chunk_size,
             raw=s.per_function,
+            verifier_rewards=s.raw_rewards,
         )
         for shaper in self.shapers:
             rewards, m = shaper(rewards, ctx)

@@ -117,7 +117,10 @@ class GARShaper(RewardShaper):
         )
         metrics["gar/bonus_mean"] = float(bonus.mean()) if len(bonus) else 0.0
         metrics["gar/fraction_rewarded"] = float((bonus > 0).float().mean()) if len(bonus) else 0.0
-        return shaped.to(rewards.dtype).to(rewards.device), metrics
+        shaped = shaped.to(rewards.dtype).to(rewards.device)
+        if ctx.verifier_rewards is not None:  # keep what earlier shaping added (overlong)
+            shaped = shaped + (rewards - ctx.verifier_rewards.to(rewards))
+        return shaped, metrics
 
     def _cosines(
         self, rows: torch.Tensor, ctx: ShapingContext
