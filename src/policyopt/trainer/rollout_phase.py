@@ -57,7 +57,8 @@ def encode_prompts(
             )
             for t in texts
         ]
-        ids = [list(x["input_ids"]) if isinstance(x, dict) else list(x) for x in ids]
+        # Recent transformers return a BatchEncoding (a mapping), older ones a list of ids.
+        ids = [list(x["input_ids"]) if hasattr(x, "keys") else list(x) for x in ids]
     else:
         ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     return texts, ids
