@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -13,18 +13,16 @@ from policyopt.rollout.base import Rollouts
 
 @dataclass
 class StepBatch:
+    """What the update needs: the rollouts, their (shaped) rewards and advantages."""
+
     rollouts: Rollouts
     group_ids: torch.Tensor  # [N] long
     prompts: list[str]
     completions: list[str]
-    columns: dict[str, list[Any]]  # dataset columns, one entry per sample
     rewards: torch.Tensor  # [N] after shaping
-    raw_rewards: torch.Tensor  # [N] verifier total before shaping
-    correct: torch.Tensor  # [N] bool
-    advantages: torch.Tensor | None = None  # [N] or [N, R]
+    advantages: torch.Tensor  # [N] or [N, R]
     # Per-token loss mask: the response mask, minus filtered (e.g. truncated) responses.
-    loss_mask: torch.Tensor | None = None
-    per_function: dict[str, list[float]] = field(default_factory=dict)
+    loss_mask: torch.Tensor
 
     def __len__(self) -> int:
         return len(self.rollouts)

@@ -263,13 +263,9 @@ class Trainer:
             group_ids=s.group_ids,
             prompts=s.prompts,
             completions=s.completions,
-            columns=s.columns,
             rewards=rewards,
-            raw_rewards=s.raw_rewards,
-            correct=s.correct,
             advantages=advantages,
             loss_mask=loss_mask,
-            per_function=s.per_function,
         )
         metrics["advantage/abs_mean"] = float(advantages.abs().mean())
         metrics["reward/shaped_mean"] = float(rewards.mean())

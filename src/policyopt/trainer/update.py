@@ -102,7 +102,7 @@ def _minibatch_step(
     ref_logp: torch.Tensor | None,
 ) -> tuple[dict[str, float], float]:
     cfg, alg, r = ctx.config, ctx.config.algorithm, batch.rollouts
-    loss_mask = batch.loss_mask if batch.loss_mask is not None else r.response_mask
+    loss_mask = batch.loss_mask
     # Normalisers of the whole minibatch (core's definition: a sequence whose loss is
     # masked out entirely, e.g. by overlong filtering, is not counted).
     tokens, seqs = global_normalisers(loss_mask[minibatch])
