@@ -79,6 +79,10 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
         for key in metric_keys(runs):
             row[key.removeprefix("eval/")] = mean_ci([s["final_eval"][key] for s in summaries])
         row["initial accuracy"] = mean_ci([s["initial_accuracy"] for s in summaries])
+        # Paired over seeds (each seed has its own SFT start): the RL effect itself.
+        row["accuracy gain"] = mean_ci(
+            [s["final_accuracy"] - s["initial_accuracy"] for s in summaries]
+        )
         row["RL wall time (s)"] = mean_ci([s["rl_seconds"] for s in summaries])
         rows.append(row)
     return rows
