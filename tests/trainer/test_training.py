@@ -140,3 +140,39 @@ def test_update_normalisers_skip_fully_masked_rows(tmp_path, small_config) -> No
     metrics = policy_update(trainer.update_ctx, batch)
     trainer.close()
     assert metrics["loss"] == pytest.approx(float(expected), abs=1e-6)
+
+
+def test_update_metrics_do_not_depend_on_micro_batch_size(tmp_path, small_config) -> None:
+    """On-policy (one optimizer step) every token ratio is exactly 1: the logged ratio
+    metrics must say so however the minibatch is split into micro-batches, and min/max are
+    the minibatch's min/max (a regression: the token-weighted sums were divided by the last
+    micro-batch's token count, logging ratio_mean ~ 2 with two micro-batches)."""
+    from policyopt.trainer.rollout_phase import RolloutTimes, generate_and_score
+    from policyopt.trainer.update import policy_update
+
+    logged = {}
+    for micro in (64, 3):
+        trainer = Trainer(
+            small_config(
+                tmp_path / str(micro), "optim.lr=1e-12", f"train.micro_batch_size={micro}", steps=1
+            )
+        )
+        scored = generate_and_score(
+            rows=trainer.train_rows,
+            indices=[0, 1],
+            group_offset=0,
+            task=trainer.task,
+            tokenizer=trainer.tokenizer,
+            engine=trainer.engine,
+            reward_fn=trainer.reward_fn,
+            config=trainer.config,
+            times=RolloutTimes(),
+        )
+        batch, _ = trainer._shape(scored)
+        logged[micro] = policy_update(trainer.update_ctx, batch)
+        trainer.close()
+    for metrics in logged.values():
+        for key in ("ratio_mean", "ratio_min", "ratio_max"):
+            assert metrics[key] == pytest.approx(1.0, abs=1e-6), key
+        assert metrics["clipfrac_low"] == metrics["clipfrac_high"] == 0.0
+    assert logged[3]["loss"] == pytest.approx(logged[64]["loss"], abs=1e-6)

@@ -76,19 +76,16 @@ def policy_update(ctx: UpdateContext, batch: StepBatch) -> dict[str, float]:
         ref = ctx.ref_model if ctx.ref_model is not None else ctx.model
         with ctx.ref_context() if ctx.ref_context is not None else nullcontext():
             ref_logp = batch_logprobs(ref, batch, cfg, everything)
-    sums: dict[str, float] = defaultdict(float)
-    weight = 0.0
+    pooled = MetricPool()
     grad_norms: list[float] = []
     ctx.model.train()
     for _ in range(alg.ppo_epochs):
         order = torch.randperm(n) if alg.minibatches > 1 else everything
         for minibatch in order.chunk(alg.minibatches):
             metrics, tokens = _minibatch_step(ctx, batch, minibatch, old_logp, ref_logp)
-            for k, v in metrics.items():
-                sums[k] += v * tokens
-            weight += tokens
+            pooled.add(metrics, tokens)
             grad_norms.append(_optimizer_step(ctx))
-    out = {k: v / max(weight, 1.0) for k, v in sums.items()}
+    out = pooled.result()
     out["grad_norm"] = sum(grad_norms) / len(grad_norms)
     out["lr"] = ctx.scheduler.get_last_lr()[0]
     return out
@@ -110,7 +107,8 @@ def _minibatch_step(
     # Per-token structure the loss asks for (HISPO: segment ids, rollout-time entropies).
     structure = {"entropies": r.entropy, **r.extras}
     wanted = accepted(POLICY_LOSSES.get(alg.loss), structure, skip=5)
-    sums: dict[str, float] = defaultdict(float)
+    pooled = MetricPool()
+    loss_sum = 0.0
     for sl in micro_slices(len(minibatch), cfg.train.micro_batch_size):
         rows = minibatch[sl]
         ids, mask, width = trim(
@@ -150,14 +148,36 @@ def _minibatch_step(
             loss = loss + alg.kl_coef * kl_loss
             metrics["kl_ref"] = float((kl.detach() * m).sum() / m.sum().clamp(min=1))
         loss.backward()
-        tokens = float(m.sum())
+        pooled.add(metrics, float(m.sum()))
+        loss_sum += float(loss.detach())  # micro losses sum to the minibatch loss
+    out = pooled.result()
+    out["loss"] = loss_sum
+    return out, pooled.tokens
+
+
+class MetricPool:
+    """Pools per-part loss metrics into the whole's: `*_min` / `*_max` by min / max, the
+    others (fractions and means over tokens) weighted by each part's token count."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = defaultdict(float)
+        self.extremes: dict[str, float] = {}
+        self.tokens = 0.0
+
+    def add(self, metrics: dict[str, float], tokens: float) -> None:
         for k, v in metrics.items():
-            sums[k] += float(v) * tokens
-        sums["loss"] += float(loss.detach())  # micro losses sum to the minibatch loss
-    total = float(tokens)
-    out = {k: v / max(total, 1.0) for k, v in sums.items() if k != "loss"}
-    out["loss"] = sums["loss"]
-    return out, total
+            if k.endswith("_min"):
+                self.extremes[k] = min(self.extremes.get(k, float("inf")), float(v))
+            elif k.endswith("_max"):
+                self.extremes[k] = max(self.extremes.get(k, float("-inf")), float(v))
+            else:
+                self.sums[k] += float(v) * tokens
+        self.tokens += tokens
+
+    def result(self) -> dict[str, float]:
+        out = {k: v / max(self.tokens, 1.0) for k, v in self.sums.items()}
+        out.update(self.extremes)
+        return out
 
 
 def _optimizer_step(ctx: UpdateContext) -> float:
