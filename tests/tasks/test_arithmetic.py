@@ -152,6 +152,7 @@ def test_too_few_distinct_problems_is_a_clear_error():
         ({"operand_range": [5, 2]}, "operand_range"),
         ({"mul_range": [3]}, "mul_range"),
         ({"train_size": -1}, "sizes"),
+        ({"terse_fraction": 1.5}, "terse_fraction"),
     ],
 )
 def test_bad_options(options, message):
@@ -162,3 +163,21 @@ def test_bad_options(options, message):
 def test_unknown_split():
     with pytest.raises(ValueError, match="unknown split 'test'"):
         small().rows("test")
+
+
+def test_terse_demonstrations_skip_the_working_and_leave_the_problems_unchanged():
+    plain, mixed = small(), small(terse_fraction=0.4)
+    for split in ("train", "eval"):
+        a, b = plain.rows(split), mixed.rows(split)
+        for column in ("prompt", "answer", "solution", "level"):
+            assert a[column] == b[column]
+        assert set(a["demo_style"]) == {"worked"}
+    rows = mixed.rows("train")
+    terse = [r for r in rows if r["demo_style"] == "terse"]
+    # 600 draws at p = 0.4: the count is within 5 standard deviations (12) of 240.
+    assert 180 < len(terse) < 300
+    for row in terse[:20]:
+        assert mixed.sft_targets(row) == [f"A:{row['answer']}"]
+        assert mixed.expert_solutions(row) == [row["solution"]]  # GAR/DATPO anchors unchanged
+    worked = next(r for r in rows if r["demo_style"] == "worked")
+    assert mixed.sft_targets(worked) == [worked["solution"]]

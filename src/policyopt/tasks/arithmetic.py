@@ -93,6 +93,7 @@ class ArithmeticTask(Task):
         operand_range: Sequence[int] = (2, 19),
         ops: Sequence[str] = ("+", "-"),
         mul_range: Sequence[int] = (2, 5),
+        terse_fraction: float = 0.0,
     ) -> None:
         if not levels or not all(isinstance(k, int) and k >= 1 for k in levels):
             raise ValueError(f"arithmetic task: levels must be integers >= 1, got {levels!r}")
@@ -104,7 +105,12 @@ class ArithmeticTask(Task):
             raise ValueError(
                 f"arithmetic task: sizes must be >= 0, got train_size={train_size}, eval_size={eval_size}"
             )
+        if not 0.0 <= terse_fraction <= 1.0:
+            raise ValueError(
+                f"arithmetic task: terse_fraction must be in [0, 1], got {terse_fraction!r}"
+            )
         self.seed = seed
+        self.terse_fraction = float(terse_fraction)
         self.train_size = train_size
         self.eval_size = eval_size
         self.levels = [int(k) for k in levels]
@@ -131,8 +137,16 @@ class ArithmeticTask(Task):
         are distinct (the eval split); otherwise prompts in `exclude` are skipped (train)."""
         # A str seed is hashed with SHA-512, not Python's salted hash: same rows on every run.
         rng = random.Random(f"arithmetic-{self.seed}-{split}")
+        # Its own stream, so that the problems do not depend on terse_fraction.
+        style_rng = random.Random(f"arithmetic-{self.seed}-{split}-demo")
         seen: set[str] = set() if exclude is None else exclude
-        out: dict[str, list] = {"prompt": [], "answer": [], "solution": [], "level": []}
+        out: dict[str, list] = {
+            "prompt": [],
+            "answer": [],
+            "solution": [],
+            "level": [],
+            "demo_style": [],
+        }
         max_tries = 100 * size + 10_000
         tries = 0
         while len(out["prompt"]) < size:
@@ -156,7 +170,16 @@ class ArithmeticTask(Task):
             out["solution"].append(solution)
             out["answer"].append(answer)
             out["level"].append(level)
+            terse = style_rng.random() < self.terse_fraction
+            out["demo_style"].append("terse" if terse else "worked")
         return out
+
+    def sft_targets(self, row: dict[str, Any]) -> list[str]:
+        """The expert solution, or for a `terse` row the bare answer `A:23`: demonstrations
+        that skip the working (see `terse_fraction` in the module doc)."""
+        if row.get("demo_style") == "terse":
+            return [f"A:{row[self.answer_column]}"]
+        return self.expert_solutions(row)
 
     def format_prompt(self, row: dict[str, Any]) -> str:
         """`Q:((7+12)-5)+9=?\\n`: the model continues with the solution, then EOS."""

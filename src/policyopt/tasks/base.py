@@ -56,6 +56,11 @@ class Task(ABC):
             return []
         return [value] if isinstance(value, str) else [str(v) for v in value]
 
+    def sft_targets(self, row: dict[str, Any]) -> list[str]:
+        """What supervised warm-up imitates for a row; the expert solutions unless a task
+        mixes in other demonstrations."""
+        return self.expert_solutions(row)
+
 
 def get_task(name: str, **options: Any) -> Task:
     """Build the registered task `name` with its options."""

@@ -20,13 +20,13 @@ from policyopt.trainer.optim import build_optimizer
 def sft_examples(
     task: Task, tokenizer: Any, rows: list[dict[str, Any]], chat: bool = False
 ) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, completion ids + EOS) for every expert solution of `rows`."""
+    """(prompt ids, completion ids + EOS) for every SFT target of `rows`."""
     from policyopt.trainer.rollout_phase import encode_prompts
 
     _, prompt_ids = encode_prompts(task, tokenizer, rows, chat)
     pairs = []
     for row, p in zip(rows, prompt_ids, strict=True):
-        for solution in task.expert_solutions(row):
+        for solution in task.sft_targets(row):
             target = tokenizer(solution, add_special_tokens=False)["input_ids"] + [
                 tokenizer.eos_token_id
             ]
@@ -67,7 +67,7 @@ def run_sft(
 ) -> dict[str, float]:
     """Train on expert solutions for `cfg.steps` steps or `cfg.max_seconds`, whichever first."""
     rows = task.rows("train")
-    if not task.expert_solutions(rows[0]):
+    if not task.sft_targets(rows[0]):
         raise ValueError(f"task {task.name!r} has no expert solutions to fine-tune on")
     pad_id = (
         tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
