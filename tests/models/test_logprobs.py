@@ -220,3 +220,72 @@ def test_bad_mask_and_temperature(model) -> None:
         response_logprobs(model, ids, torch.ones_like(ids), 2, temperature=0.0)
     with pytest.raises(ValueError, match="chunk_size"):
         response_logprobs(model, ids, torch.ones_like(ids), 2, chunk_size=0)
+
+
+def grouped_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """`batch()` with each prompt repeated: rows (0, 3), (1, 4) and (2, 5) share a prompt and
+    have different responses (the layout of G responses per prompt)."""
+    ids, mask, _, _ = batch()
+    ids, mask = ids.repeat(2, 1), mask.repeat(2, 1)
+    gen = torch.Generator().manual_seed(2)
+    ids[3:, 7:] = torch.where(mask[3:, 7:] > 0, torch.randint(4, 101, (3, R), generator=gen), 0)
+    return ids, mask
+
+
+def test_shared_prompts_take_one_prompt_pass_and_equal_naive(model) -> None:
+    ids, mask = grouped_batch()
+    lengths: list[int] = []
+    hook = model.model.register_forward_pre_hook(
+        lambda _m, _a, kw: lengths.append(kw["input_ids"].shape[0]), with_kwargs=True
+    )
+    kwargs = {"temperature": 0.7, "with_entropy": True, "with_hidden": True}
+    try:
+        got = response_logprobs(model, ids, mask, R, chunk_size=4, **kwargs)
+    finally:
+        hook.remove()
+    assert lengths == [3, 6]  # the 3 distinct prompts, then the 6 responses
+    ref = naive_response_logprobs(model, ids, mask, R, **kwargs)
+    torch.testing.assert_close(got.logp, ref.logp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got.entropy, ref.entropy, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got.hidden, ref.hidden, atol=1e-5, rtol=0)
+
+
+def test_shared_prompt_gradients_equal_naive(model) -> None:
+    """The prompt pass gets the gradient of every response that reads its KV cache."""
+    ids, mask = grouped_batch()
+    weights = torch.randn(6, R, generator=torch.Generator().manual_seed(3))
+    grads = []
+    for fn in (response_logprobs, naive_response_logprobs):
+        model.zero_grad()
+        (fn(model, ids, mask, R, temperature=0.7).logp * weights).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    model.zero_grad()
+    for name, g in grads[0].items():
+        torch.testing.assert_close(g, grads[1][name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_shared_prompts_with_a_one_token_response(model) -> None:
+    ids, mask = grouped_batch()
+    ids, mask = ids[:, : 7 + 1], mask[:, : 7 + 1]
+    got = response_logprobs(model, ids, mask, 1, with_hidden=True)
+    ref = naive_response_logprobs(model, ids, mask, 1, with_hidden=True)
+    torch.testing.assert_close(got.logp, ref.logp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got.hidden, ref.hidden, atol=1e-5, rtol=0)
+
+
+def test_shared_prompts_fall_back_under_activation_checkpointing(model) -> None:
+    """Checkpointed layers drop the KV cache: one plain pass, the same log-probs and grads."""
+    ids, mask = grouped_batch()
+    ckpt = copy.deepcopy(model)
+    if hasattr(ckpt, "activation_checkpointing_enable"):  # transformers >= 5.2x's name
+        ckpt.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False}
+        )
+    else:
+        ckpt.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ckpt.train()
+    got = response_logprobs(ckpt, ids, mask, R).logp
+    ref = naive_response_logprobs(model, ids, mask, R).logp
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+    got.sum().backward()
+    assert ckpt.model.layers[0].mlp.up_proj.weight.grad.abs().sum() > 0

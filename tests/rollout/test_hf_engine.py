@@ -6,7 +6,7 @@ import torch
 from policyopt.models.loading import load_model
 from policyopt.models.logprobs import naive_response_logprobs
 from policyopt.rollout.base import Rollouts, SamplingParams, concat_rollouts
-from policyopt.rollout.hf_engine import HFEngine, left_pad
+from policyopt.rollout.hf_engine import HFEngine, PreallocatedLayer, left_pad
 from policyopt.rollout.sampling import _top_p, sample_next
 
 
@@ -87,6 +87,51 @@ def test_hidden_states_are_those_entering_the_head(tiny) -> None:
     )
     m = r.response_mask.bool()
     assert torch.allclose(r.hidden[m], ref.hidden[m], atol=1e-5)
+
+
+def test_copies_of_a_prompt_share_one_prefill(tiny) -> None:
+    """G copies of a prompt are prefilled once; each copy samples on its own, and greedy
+    copies decode exactly what the prompt alone decodes."""
+    model, tok = tiny
+    p = prompts(tok)
+    rows: list[torch.Size] = []
+    hook = model.register_forward_pre_hook(
+        lambda _m, _a, kw: rows.append(kw["input_ids"].shape), with_kwargs=True
+    )
+    try:
+        r = HFEngine(model, tok).generate(
+            [p[0], p[1], p[0], p[1]], SamplingParams(max_new_tokens=4)
+        )
+    finally:
+        hook.remove()
+    assert rows[0] == (2, len(p[1])) and all(s == (4, 1) for s in rows[1:])
+    assert r.prompt_ids.shape == (4, len(p[1])) and torch.equal(r.prompt_ids[0], r.prompt_ids[2])
+    greedy = SamplingParams(max_new_tokens=6, greedy=True, with_hidden=True)
+    copies = HFEngine(model, tok).generate([p[1]] * 3, greedy)
+    alone = HFEngine(model, tok).generate([p[1]], greedy)
+    for row in range(3):
+        assert torch.equal(copies.response_ids[row], alone.response_ids[0])
+        torch.testing.assert_close(copies.logp[row], alone.logp[0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(copies.hidden[row], alone.hidden[0], atol=1e-5, rtol=0)
+
+
+def test_preallocated_layer_returns_what_concatenation_gives() -> None:
+    gen = torch.Generator().manual_seed(0)
+    k, v = torch.randn(3, 2, 4, 5, generator=gen), torch.randn(3, 2, 4, 5, generator=gen)
+    layer = PreallocatedLayer(k, v, extra=2)
+    for _ in range(3):  # the third update goes past the room and grows the buffers
+        nk, nv = torch.randn(3, 2, 1, 5, generator=gen), torch.randn(3, 2, 1, 5, generator=gen)
+        k, v = torch.cat([k, nk], -2), torch.cat([v, nv], -2)
+        got_k, got_v = layer.update(nk, nv)
+        assert torch.equal(got_k, k) and torch.equal(got_v, v)
+        assert layer.get_seq_length() == k.shape[-2] == layer.get_mask_sizes(1)[0] - 1
+    layer.crop(-2)
+    kept = torch.tensor([2, 0])
+    layer.batch_select_indices(kept)
+    assert torch.equal(layer.keys, k[kept, :, :-2]) and torch.equal(layer.values, v[kept, :, :-2])
+    nk = torch.randn(2, 2, 1, 5, generator=gen)
+    got_k, _ = layer.update(nk, nk)
+    assert torch.equal(got_k, torch.cat([k[kept, :, :-2], nk], -2))
 
 
 def test_top_p_keeps_the_smallest_nucleus() -> None:

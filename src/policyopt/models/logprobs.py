@@ -12,15 +12,27 @@ The trunk runs once; the LM head is applied to at most `chunk_size` rows of (bat
 a time, and no chunk's logits are kept for backward: the backward recomputes them one chunk
 at a time (a custom autograd Function for a plain `nn.Linear` head, activation checkpointing
 for any other head module), so neither pass holds a [B, R, V] tensor.
+
+Rows with the same prompt (a group's G responses) share its computation: the trunk runs
+once over each distinct prompt, keeping its KV cache, then over every row's response with
+that cache copied to the row. Causal attention makes a prompt's hidden states independent of
+what follows, so this is the same function, and gradients from all copies flow back into
+the one prompt pass; with G responses per prompt it saves (G - 1) / G of the prompt tokens.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+try:  # transformers >= 4.56 keeps the cache as one object per layer
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+except ImportError:  # pragma: no cover - older transformers: no prompt sharing
+    DynamicCache = DynamicLayer = None
 
 
 @dataclass
@@ -218,19 +230,11 @@ def response_logprobs(
     head (see module docstring); works for a Hugging Face causal LM or a PEFT-wrapped one."""
     _check_inputs(input_ids, attention_mask, response_len, temperature)
     _check_plain_head(model)
-    batch, length = input_ids.shape
-    prompt_len = length - response_len
-    # The last token predicts nothing we need, so the trunk sees positions 0 .. L-2.
-    out = trunk_of(model)(
-        input_ids=input_ids[:, :-1],
-        attention_mask=attention_mask[:, :-1],
-        position_ids=position_ids_from_mask(attention_mask)[:, :-1],
-        use_cache=False,
-    )
-    hidden = out.last_hidden_state[:, prompt_len - 1 :]  # [B, R, d]
+    batch = input_ids.shape[0]
+    hidden = response_hidden(model, input_ids, attention_mask, response_len)  # [B, R, d]
     logp, entropy = chunked_head_logprobs(
         hidden.reshape(batch * response_len, -1),
-        input_ids[:, prompt_len:].reshape(-1),
+        input_ids[:, -response_len:].reshape(-1),
         model.get_output_embeddings(),
         temperature=temperature,
         chunk_size=chunk_size,
@@ -241,6 +245,96 @@ def response_logprobs(
         entropy=entropy.view(batch, response_len) if entropy is not None else None,
         hidden=hidden if with_hidden else None,
     )
+
+
+def response_hidden(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int
+) -> torch.Tensor:
+    """The final hidden states [B, R, d] that the LM head maps to the distributions of the
+    last R = `response_len` tokens: those of positions P - 1 .. L - 2 (P = L - R).
+
+    Rows with identical prompts (the first P columns of ids and mask) share one trunk pass
+    over the prompt (module docstring); otherwise the trunk runs once over positions
+    0 .. L - 2 (the last token predicts nothing we need)."""
+    trunk = trunk_of(model)
+    positions = position_ids_from_mask(attention_mask)
+    prompt_len = input_ids.shape[1] - response_len
+    shared = _shared_prompt_hidden(trunk, input_ids, attention_mask, positions, prompt_len)
+    if shared is not None:
+        return shared
+    out = trunk(
+        input_ids=input_ids[:, :-1],
+        attention_mask=attention_mask[:, :-1],
+        position_ids=positions[:, :-1],
+        use_cache=False,
+    )
+    return out.last_hidden_state[:, prompt_len - 1 :]
+
+
+def _shared_prompt_hidden(
+    trunk: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    positions: torch.Tensor,
+    prompt_len: int,
+) -> torch.Tensor | None:
+    """`response_hidden` with one prompt pass per distinct prompt, or None when no two rows
+    share a prompt, when the trunk's cache is not made of plain full-attention layers (a
+    sliding-window or recurrent layer would not see the same past) or when activation
+    checkpointing is on (checkpointed layers drop the cache, or replay its updates)."""
+    if torch.is_grad_enabled() and any(
+        getattr(m, "gradient_checkpointing", False) for m in trunk.modules()
+    ):
+        return None
+    prompt = torch.cat([input_ids[:, :prompt_len], attention_mask[:, :prompt_len]], 1)
+    unique, copy = torch.unique(prompt, dim=0, return_inverse=True)
+    if len(unique) == len(prompt):
+        return None
+    cache = _empty_full_attention_cache(trunk)
+    if cache is None:
+        return None
+    ids, mask = unique[:, :prompt_len], unique[:, prompt_len:]
+    cache_kw = _cache_kwarg(trunk)
+    out = trunk(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=position_ids_from_mask(mask),
+        use_cache=True,
+        **{cache_kw: cache},
+    )
+    last = out.last_hidden_state[copy, -1:]  # position P - 1 predicts response token 0
+    if input_ids.shape[1] - prompt_len == 1:
+        return last
+    cache.batch_select_indices(copy)  # each row attends to its own copy of the prompt's KV
+    out = trunk(
+        input_ids=input_ids[:, prompt_len:-1],
+        attention_mask=attention_mask[:, :-1],
+        position_ids=positions[:, prompt_len:-1],
+        use_cache=True,
+        **{cache_kw: cache},
+    )
+    return torch.cat([last, out.last_hidden_state], 1)
+
+
+def _empty_full_attention_cache(trunk: nn.Module) -> object | None:
+    """A fresh `DynamicCache` for `trunk`, if every layer of it is a plain `DynamicLayer`."""
+    config = getattr(trunk, "config", None)
+    if DynamicCache is None or config is None:
+        return None
+    try:
+        cache = DynamicCache(config=config)
+    except (TypeError, ValueError, KeyError):  # a config this transformers cannot lay out
+        return None
+    layers = getattr(cache, "layers", None)
+    if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+        return None
+    return cache
+
+
+def _cache_kwarg(module: nn.Module) -> str:
+    """transformers 5.2x names the KV cache `cache`; earlier releases `past_key_values`."""
+    params = inspect.signature(module.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def naive_response_logprobs(

@@ -2,6 +2,12 @@
 
 One forward per new token for the whole batch; rows that reached EOS keep feeding padding
 (masked out) until every row is done or `max_new_tokens` is reached.
+
+On a small model the decode loop is overhead-bound rather than compute-bound, so two things
+are done once instead of per token or per row: a group's G copies of a prompt share one
+prefill (its KV cache is copied G times, as tree rollouts do for a fork's prefix), and the KV
+cache lives in buffers sized for the whole response (`transformers`' `DynamicLayer` grows by
+`torch.cat`, copying the whole cache at every token).
 """
 
 from __future__ import annotations
@@ -13,6 +19,11 @@ from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+try:  # transformers >= 4.56 keeps the cache as one object per layer
+    from transformers.cache_utils import DynamicLayer
+except ImportError:  # pragma: no cover - older transformers: the cache grows by torch.cat
+    DynamicLayer = None
 
 from policyopt.rollout.base import ENGINES, RolloutEngine, Rollouts, SamplingParams, concat_rollouts
 from policyopt.rollout.sampling import sample_next
@@ -86,10 +97,15 @@ class HFEngine(RolloutEngine):
             self.model.train(was_training)
 
     def _sample(self, prompts: list[list[int]], params: SamplingParams) -> Rollouts:
-        prompt_ids, prompt_mask = left_pad(prompts, self.pad_id)
+        # Identical prompts (a group's G copies) are prefilled once; row r continues unique
+        # prompt `copy[r]`, from a copy of its KV cache and last logits.
+        unique: dict[tuple[int, ...], int] = {}
+        copy = torch.tensor([unique.setdefault(tuple(p), len(unique)) for p in prompts])
+        prefix_ids, prefix_mask = left_pad([list(p) for p in unique], self.pad_id)
         device = next(self.model.parameters()).device
-        ids, mask = prompt_ids.to(device), prompt_mask.to(device)
+        ids, mask = prefix_ids.to(device), prefix_mask.to(device)
         pos = positions(mask)
+        on_device = copy.to(device)
         with head_inputs(self.model, params.with_hidden) as hidden_steps:
             out = self.model(
                 input_ids=ids,
@@ -98,11 +114,21 @@ class HFEngine(RolloutEngine):
                 use_cache=True,
                 logits_to_keep=1,
             )
+            cache = _cache_of(out)
+            if len(unique) < len(prompts):
+                cache.batch_select_indices(on_device)  # type: ignore[attr-defined]
+            if hidden_steps:
+                hidden_steps[0] = hidden_steps[0][on_device]
             budget = torch.full((len(prompts),), params.max_new_tokens)
             decoded = self.decode(
-                _cache_of(out), out.logits[:, -1], mask, pos[:, -1:], budget, params
+                cache,
+                out.logits[:, -1][on_device],
+                mask[on_device],
+                pos[on_device, -1:],
+                budget,
+                params,
             )
-        return to_rollouts(prompt_ids, prompt_mask, decoded, hidden_steps)
+        return to_rollouts(prefix_ids[copy], prefix_mask[copy], decoded, hidden_steps)
 
     def decode(
         self,
@@ -118,10 +144,16 @@ class HFEngine(RolloutEngine):
         attention mask so far and `pos` [n, 1] each row's last position id."""
         device = logits.device
         budget = budget.to(device)
+        steps = int(budget.max())
+        cache = preallocate(cache, steps)
+        # The attention mask of every step is a prefix of this one: each step attends to
+        # one more position (rows past EOS too: their padding outputs are masked later).
+        width = mask.shape[1]
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], steps)], dim=1)
         alive = torch.ones(logits.shape[0], dtype=torch.bool, device=device)
         finished = torch.zeros_like(alive)
         tokens, logps, ents, alive_steps = [], [], [], []
-        for step in range(int(budget.max())):
+        for step in range(steps):
             alive = alive & (step < budget)
             tok, lp, ent = sample_next(
                 logits,
@@ -130,20 +162,20 @@ class HFEngine(RolloutEngine):
                 greedy=params.greedy,
                 generator=self.generator,
             )
-            tok = torch.where(alive, tok, torch.full_like(tok, self.pad_id))
+            tok = tok.masked_fill(~alive, self.pad_id)
             tokens.append(tok)
             logps.append(lp)
             ents.append(ent)
             alive_steps.append(alive)
-            finished = finished | (alive & (tok == self.eos_id))
-            alive = alive & (tok != self.eos_id)
+            ended = tok == self.eos_id
+            finished = finished | (alive & ended)
+            alive = alive & ~ended
             if not (alive & (step + 1 < budget)).any():
                 break
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             pos = pos + 1
             out = self.model(
                 input_ids=tok[:, None],
-                attention_mask=mask,
+                attention_mask=mask[:, : width + step + 1],
                 position_ids=pos,
                 use_cache=True,
                 **{self._cache_kw: cache},
@@ -168,6 +200,84 @@ class Decoded:
     entropy: torch.Tensor
     mask: torch.Tensor
     finished: torch.Tensor
+
+
+def preallocate(cache: object, extra: int) -> object:
+    """`cache` with room for `extra` more positions in every layer, filled in place.
+
+    Only plain `DynamicLayer`s are converted (sliding-window, linear-attention or other
+    layers, and caches of older transformers, keep growing their own way); the cache object
+    is the same, its layers swapped."""
+    layers = getattr(cache, "layers", None)
+    if DynamicLayer is None or not layers:
+        return cache
+    for i, layer in enumerate(layers):
+        if type(layer) is DynamicLayer and layer.is_initialized and layer.keys.numel():
+            layers[i] = PreallocatedLayer(layer.keys, layer.values, extra)
+    return cache
+
+
+if DynamicLayer is not None:
+
+    class PreallocatedLayer(DynamicLayer):
+        """A `DynamicLayer` whose keys and values sit in buffers with room for `extra` more
+        positions: `update` writes the new ones in place and returns views of the filled
+        part (the same values `torch.cat` would give, without copying the cache)."""
+
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, extra: int) -> None:
+            super().__init__()
+            self.device = keys.device
+            self.is_initialized = True
+            self._length = keys.shape[-2]
+            self._keys = _with_room(keys, extra)
+            self._values = _with_room(values, extra)
+            self._views()
+
+        def _views(self) -> None:
+            self.keys = self._keys[..., : self._length, :]
+            self.values = self._values[..., : self._length, :]
+
+        def update(
+            self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kw: object
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            new = key_states.shape[-2]
+            if self._length + new > self._keys.shape[-2]:  # past the room: grow by copying
+                self._keys = _with_room(self.keys, new)
+                self._values = _with_room(self.values, new)
+            self._keys[..., self._length : self._length + new, :] = key_states
+            self._values[..., self._length : self._length + new, :] = value_states
+            self._length += new
+            self._views()
+            return self.keys, self.values
+
+        def crop(self, tokens_to_remove: int) -> None:
+            if tokens_to_remove > 0:  # DynamicLayer's contract: a negative count
+                raise ValueError(f"crop takes a negative count, got {tokens_to_remove}")
+            self._length = max(self._length + tokens_to_remove, 0)
+            self._views()
+
+        def batch_select_indices(self, indices: torch.Tensor) -> None:
+            self._keys, self._values = self._keys[indices], self._values[indices]
+            self._views()
+
+        def reorder_cache(self, beam_idx: torch.Tensor) -> None:
+            self.batch_select_indices(beam_idx.to(self.device))
+
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            self._keys = self._keys.repeat_interleave(repeats, dim=0)
+            self._values = self._values.repeat_interleave(repeats, dim=0)
+            self._views()
+
+        def reset(self) -> None:
+            self._length = 0
+            self._views()
+
+
+def _with_room(x: torch.Tensor, extra: int) -> torch.Tensor:
+    """A copy of `x` [..., L, d] in a buffer of length L + `extra` along dim -2."""
+    buffer = x.new_empty((*x.shape[:-2], x.shape[-2] + extra, x.shape[-1]))
+    buffer[..., : x.shape[-2], :] = x
+    return buffer
 
 
 @contextmanager
