@@ -38,4 +38,10 @@ def recipe_dict(name: str) -> dict[str, Any]:
     base = raw.pop("base", None)
     if base is None:
         return raw
-    return deep_merge(recipe_dict(base), raw)
+    merged = recipe_dict(base)
+    other_task = raw.get("task", {}).get("name")
+    if other_task is not None and other_task != merged.get("task", {}).get("name"):
+        # Task options belong to their task: a recipe that changes the task starts from
+        # none of the base's (the grpo recipe's arithmetic options mean nothing to docparse).
+        merged.get("task", {}).pop("options", None)
+    return deep_merge(merged, raw)
