@@ -74,6 +74,12 @@ def make_problem(
     return f"{expr}=?", " ".join(steps) + f" A:{value}", str(value)
 
 
+def solution_style(completion: str) -> str:
+    """ "terse" for a completion that states the answer without working (`A:23`), else
+    "worked"."""
+    return "terse" if completion.lstrip().startswith("A:") else "worked"
+
+
 @TASKS.register("arithmetic")
 class ArithmeticTask(Task):
     """Multi-step +/- (optionally *) problems with expert solutions; see the module doc."""
