@@ -121,6 +121,60 @@ def test_bench_json(tmp_path) -> None:
     assert report["peak_rss_mb"] > 0
 
 
+def test_bench_from_a_saved_model_dir(tmp_path) -> None:
+    """`--model DIR` starts every method from a saved model (here the tiny one, saved as an
+    SFT or training checkpoint would be); the report says how many rollouts were correct."""
+    from policyopt.models.loading import load_model
+
+    model_dir = tmp_path / "start"
+    model, tok = load_model("tiny")
+    model.save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    out = tmp_path / "bench.json"
+    args = ["bench", "--algos", "grpo,gar", "--model", str(model_dir), "--steps", "2"]
+    args += ["--prompts", "2", "--group-size", "4", "--max-new-tokens", "8"]
+    assert main([*args, "--json-out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["settings"]["model"] == str(model_dir)
+    assert report["settings"]["measured_steps"] == 2
+    keys = ("step_time_s", "cpu_time_s", "fraction_correct", "step_time_paired_ratio_to_grpo")
+    for key in (*keys, "cpu_time_ratio_to_grpo", "step_times_s"):
+        assert set(report[key]) == {"grpo", "gar"}
+    assert [len(v) for v in report["step_times_s"].values()] == [2, 2]
+    assert all(0.0 <= f <= 1.0 for f in report["fraction_correct"].values())
+    assert report["step_time_ratio_to_grpo"]["grpo"] == 1.0
+
+
+def test_bench_interleaving_keeps_each_method_s_samples(monkeypatch) -> None:
+    """Steps run round-robin across methods, each trainer with its own RNG state: a method
+    samples the same completions alone as next to another method (with one global RNG,
+    grpo's draws would follow dr_grpo's and differ)."""
+    from policyopt.cli import bench
+    from policyopt.trainer.trainer import Trainer
+
+    settings = {
+        "prompts_per_step": 2,
+        "group_size": 4,
+        "max_new_tokens": 12,
+        "lr": 1e-5,
+        "model": "tiny",
+        "temperature": 1.0,
+    }
+    sampled: dict[str, list[str]] = {}
+    shape = Trainer._shape
+
+    def recording(self, scored):
+        sampled.setdefault(self.config.algorithm.name, []).extend(scored.completions)
+        return shape(self, scored)
+
+    monkeypatch.setattr(Trainer, "_shape", recording)
+    bench.time_policyopt(["grpo"], settings, 2, [])
+    alone = sampled.pop("grpo")
+    bench.time_policyopt(["dr_grpo", "grpo"], settings, 2, [])
+    assert sampled["grpo"] == alone and len(alone) == 3 * 2 * 4
+    assert sampled["dr_grpo"][:8] == alone[:8]  # same seed and start: same first step
+
+
 def test_sft_then_eval(tmp_path, capsys) -> None:
     model_dir = tmp_path / "sft"
     assert (

@@ -14,8 +14,9 @@ from torch.nn import functional as F
 
 import policyopt.methods.gar.shaper as shaper_mod
 from policyopt.methods.gar import GARShaper
+from policyopt.methods.gar.spans import token_spans
 from policyopt.models.loading import load_model
-from policyopt.models.logprobs import naive_response_logprobs
+from policyopt.models.logprobs import naive_response_logprobs, response_logprobs
 from policyopt.rewards.shaping import SHAPERS, ShapingContext
 from policyopt.rollout.base import ENGINES, Rollouts, SamplingParams
 from run_configs import small_overrides
@@ -158,7 +159,7 @@ def test_rewards_match_an_independent_computation(tiny, with_hidden):
 def test_cost_one_anchor_pass_per_prompt_and_no_signal_for_wrong_rollouts(tiny, monkeypatch):
     model, tok = tiny
     forwarded, signals = [], []
-    forward, signal = shaper_mod.response_logprobs, shaper_mod.batched_gradient_signal
+    forward, signal = shaper_mod.teacher_forced_hidden, shaper_mod.batched_gradient_signal
 
     def count_forward(model, ids, *args, **kwargs):
         forwarded.append(len(ids))
@@ -168,25 +169,27 @@ def test_cost_one_anchor_pass_per_prompt_and_no_signal_for_wrong_rollouts(tiny, 
         signals.append(len(hidden))
         return signal(hidden, *args)
 
-    monkeypatch.setattr(shaper_mod, "response_logprobs", count_forward)
+    monkeypatch.setattr(shaper_mod, "teacher_forced_hidden", count_forward)
     monkeypatch.setattr(shaper_mod, "batched_gradient_signal", count_signals)
     shaper = GARShaper()
     ctx = make_ctx(model, tok, with_hidden=True)
     shaper(torch.zeros(len(BATCH)), ctx)
-    # prompts with a correct rollout: 2 (group 2 has none) -> two teacher-forced rows, and
-    # signals for the 4 correct rollouts and the 2 anchors only.
-    assert forwarded == [2]
-    assert signals == [4, 2]
+    # prompts with a correct rollout: 2 (group 2 has none), so 2 anchors; the first prompt's
+    # expert solution was sampled (BATCH[0]) and takes that rollout's v: one teacher-forced
+    # row, and signals for the 4 correct rollouts and that 1 anchor only.
+    assert forwarded == [1]
+    assert signals == [4, 1]
     # same step again: anchors come from the cache
     _, metrics = shaper(torch.zeros(len(BATCH)), ctx)
-    assert forwarded == [2] and metrics["gar/anchor_sequences"] == 0.0
+    assert forwarded == [1] and metrics["gar/anchor_sequences"] == 0.0
     # next step: the policy moved, anchors are recomputed
     _, metrics = shaper(torch.zeros(len(BATCH)), replace(ctx, step=1))
-    assert forwarded == [2, 2] and metrics["gar/anchor_sequences"] == 2.0
+    assert forwarded == [1, 1] and metrics["gar/anchor_sequences"] == 2.0
+    assert metrics["gar/anchors_sampled"] == 1.0
     # nothing correct: no pass at all, everyone gets 0
     none = replace(ctx, step=2, correct=torch.zeros(len(BATCH), dtype=torch.bool))
     rewards, metrics = shaper(torch.ones(len(BATCH)), none)
-    assert forwarded == [2, 2] and torch.equal(rewards, torch.zeros(len(BATCH)))
+    assert forwarded == [1, 1] and torch.equal(rewards, torch.zeros(len(BATCH)))
     assert metrics["gar/bonus_mean"] == 0.0 and metrics["gar/fraction_rewarded"] == 0.0
 
 
@@ -214,6 +217,86 @@ def test_engine_hidden_states_match_a_teacher_forced_pass(tiny):
     )[0]
     torch.testing.assert_close(recorded, forced, rtol=1e-4, atol=1e-4)
     assert recorded.std() > 1e-3  # not trivially equal
+
+
+@pytest.mark.parametrize("with_hidden", [True, False])
+def test_an_anchor_sampled_verbatim_takes_the_rollout_s_signal(tiny, with_hidden):
+    """A correct rollout that is the expert solution + EOS token for token gives v_a without
+    a pass, equal to the teacher-forced v_a up to rounding; the same text cut before EOS (a
+    truncated rollout) or under another prompt does not count."""
+    model, tok = tiny
+    batch = [
+        ("Q:3+4=?\n", "3+4=7. A:7", True),  # verbatim: reused
+        ("Q:(9-2)+5=?\n", "7+5=12. A:12", True),
+        ("Q:8+8=?\n", "9-2=7. 7+5=12. A:12", True),  # prompt 2's solution under prompt 3
+    ]
+    ctx = make_ctx(model, tok, batch=batch, groups=[0, 1, 2], with_hidden=with_hidden)
+    shaper = GARShaper()
+    _, metrics = shaper(torch.zeros(3), ctx)
+    assert metrics["gar/anchor_sequences"] == 3.0 and metrics["gar/anchors_sampled"] == 1.0
+    key = (tuple(encode(tok, "Q:3+4=?\n")), SOLUTION["Q:3+4=?\n"])
+    weight, bias = shaper_mod.output_layer(model)
+    with torch.no_grad():
+        forced = shaper._anchor_signals([key], shaper._answer_ids([key], ctx), ctx, weight, bias)[
+            key
+        ]
+    torch.testing.assert_close(shaper._cache[key], forced, rtol=1e-5, atol=1e-6)
+    # cut before EOS (as truncated at max_new_tokens): a teacher-forced pass after all
+    cut = replace(ctx.rollouts, response_mask=ctx.rollouts.response_mask.clone())
+    cut.response_mask[0, len(encode(tok, batch[0][1])) :] = 0
+    _, metrics = GARShaper()(torch.zeros(3), replace(ctx, rollouts=cut))
+    assert metrics["gar/anchors_sampled"] == 0.0
+
+
+def test_teacher_forced_hidden_is_response_logprobs_hidden(tiny):
+    """The anchor pass runs the trunk alone: the hidden states `response_logprobs` returns
+    for the same [left-padded prompt | right-padded answer] rows, without its log-probs."""
+    model, tok = tiny
+    ids, mask, width = shaper_mod._pack(
+        [encode(tok, "Q:3+4=?\n"), encode(tok, "Q:(9-2)+5=?\n")],
+        [encode(tok, "3+4=7. A:7", eos=True), encode(tok, "A:12", eos=True)],
+        tok.pad_token_id,
+    )
+    with torch.no_grad():
+        expected = response_logprobs(model, ids, mask, width, with_hidden=True).hidden
+    got = shaper_mod.teacher_forced_hidden(model, ids, mask, width)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)  # (equal bits today)
+
+
+def test_best_cosine_equals_a_loop_over_rollouts():
+    """`_best` (one product over the distinct anchors, masked max) against the per-rollout
+    loop: several anchors, shared anchors, a rollout without any (NaN)."""
+    torch.manual_seed(0)
+    shaper = GARShaper()
+
+    def unit(n):
+        return F.normalize(torch.randn(n, 16), dim=-1)
+
+    keys = [((1,), "a"), ((1,), "b"), ((2,), "a"), ((3,), "c")]  # (prompt ids, solution)
+    shaper._cache = dict(zip(keys, unit(4), strict=True))
+    prompts = [(1,), (1,), (2,), (4,), (3,), (2,)]
+    texts = [["a", "b"], ["b"], ["a"], [], ["c"], ["a"]]
+    v = unit(len(prompts))
+    best = shaper._best(v, prompts, texts)
+    for i, (p, ts) in enumerate(zip(prompts, texts, strict=True)):
+        if not ts:
+            assert math.isnan(best[i])
+            continue
+        loop = max(float(shaper._cache[(p, t)] @ v[i]) for t in ts)
+        assert float(best[i]) == pytest.approx(loop, abs=1e-6)
+
+
+def test_spans_without_a_pattern_read_no_token_ids():
+    """No span_regex: spans come from lengths alone (nothing decoded), as token_spans'."""
+    shaper = GARShaper(max_span_tokens=3)
+
+    def ids():
+        raise AssertionError("token ids read without a span_regex")
+
+    lengths = [5, 2, 0, 3]
+    spans, fallbacks = shaper._spans(ids, lengths, ctx=None)
+    expected = token_spans([[0] * n for n in lengths], lambda _: "", None, 3)
+    assert (spans, fallbacks) == expected == ([(2, 5), (0, 2), (0, 0), (0, 3)], 0)
 
 
 def test_several_and_auxiliary_anchors(tiny):

@@ -1,8 +1,21 @@
 """`policyopt bench`: step time of methods side by side in one process (and TRL's).
 
-Every method runs on the same tiny model, prompts, group size, lengths and optimizer; the
-first step of each (warm-up) is excluded and the median of the rest is reported. Absolute
-times on a shared machine are noisy: compare the ratios.
+Every method runs on the same model, prompts, group size, lengths and optimizer. Their steps
+are interleaved (round 1: A then B; round 2: B then A; ...), each trainer with its own RNG
+state, so that every method samples what it would alone while load drift on a shared machine
+hits all of them alike. The first round (warm-up) is excluded. Reported per method: the
+median step time; the median CPU time of the process per step (all threads; on a loaded CPU
+machine it measures the work a method adds without the waiting, most cleanly with
+`train.num_threads=1`; it misses GPU time); and, relative to the first method, the ratio of
+the medians and the median of per-round ratios (`step_time_paired_ratio_to_<first>`).
+Absolute times on a shared machine are noisy: compare the ratios.
+
+`--model` is the start: the untrained embedded tiny model by default, or any name or path
+`load_model` accepts, e.g. an SFT checkpoint (`policyopt sft --output-dir DIR`, or the
+pipeline's cache `~/.cache/policyopt/sft/<key>/`) or a training checkpoint folder. Methods
+whose cost depends on correct rollouts (GAR) need a trained start: the report's
+`fraction_correct` says how many rollouts passed the verifier. The task is the config's
+default (the embedded arithmetic task, as in the recipes) unless an override sets it.
 """
 
 from __future__ import annotations
@@ -12,10 +25,14 @@ import json
 import resource
 import statistics
 import tempfile
+import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from policyopt.trainer.config import Config
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
@@ -26,7 +43,12 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts", type=int, default=8, help="prompts per step")
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--model", default="tiny")
+    p.add_argument(
+        "--model",
+        default="tiny",
+        help="start model: 'tiny' (untrained) or a name/path load_model accepts, e.g. an SFT "
+        "checkpoint folder (policyopt sft --output-dir DIR, ~/.cache/policyopt/sft/<key>)",
+    )
     p.add_argument("--memory", action="store_true", help="also measure the chunked LM-head memory")
     p.add_argument("--json-out", default=None)
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="applied to every method")
@@ -44,47 +66,82 @@ def bench_settings(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def time_policyopt(
-    algo: str, settings: dict[str, Any], steps: int, overrides: list[str]
-) -> dict[str, Any]:
+def bench_config(
+    algo: str, settings: dict[str, Any], steps: int, overrides: list[str], out: str
+) -> Config:
+    """The training config of one method under the bench settings."""
     from policyopt.trainer.config import load_config
+
+    return load_config(
+        None,
+        [
+            f"algorithm.name={algo}",
+            f"model.name_or_path={settings['model']}",
+            f"rollout.prompts_per_step={settings['prompts_per_step']}",
+            f"rollout.group_size={settings['group_size']}",
+            f"rollout.max_new_tokens={settings['max_new_tokens']}",
+            f"rollout.temperature={settings['temperature']}",
+            f"optim.lr={settings['lr']}",
+            f"train.steps={steps + 1}",
+            f"train.output_dir={out}",
+            "train.loggers=[jsonl]",
+            "train.progress=false",
+            "train.plot=false",
+            "train.log_samples=0",
+            "train.micro_batch_size=64",
+            *overrides,
+        ],
+    )
+
+
+def time_policyopt(
+    algos: list[str], settings: dict[str, Any], steps: int, overrides: list[str]
+) -> dict[str, dict[str, Any]]:
+    """Per method: median step time and the rest of `summarize`, steps interleaved."""
+    from policyopt.trainer.checkpoint import rng_state, set_rng_state
     from policyopt.trainer.trainer import Trainer
 
-    with tempfile.TemporaryDirectory() as out:
-        config = load_config(
-            None,
-            [
-                f"algorithm.name={algo}",
-                f"model.name_or_path={settings['model']}",
-                f"rollout.prompts_per_step={settings['prompts_per_step']}",
-                f"rollout.group_size={settings['group_size']}",
-                f"rollout.max_new_tokens={settings['max_new_tokens']}",
-                f"rollout.temperature={settings['temperature']}",
-                f"optim.lr={settings['lr']}",
-                f"train.steps={steps + 1}",
-                f"train.output_dir={out}",
-                "train.loggers=[jsonl]",
-                "train.progress=false",
-                "train.plot=false",
-                "train.log_samples=0",
-                "train.micro_batch_size=64",
-                *overrides,
-            ],
-        )
-        trainer = Trainer(config)
-        records = [trainer.train_step() for _ in range(steps + 1)][1:]  # drop warm-up
-        trainer.close()
+    records: dict[str, list[dict[str, float]]] = {a: [] for a in algos}
+    with tempfile.TemporaryDirectory() as root:
+        trainers, rng = {}, {}
+        for algo in algos:  # each Trainer seeds the global RNGs: keep its state apart
+            trainers[algo] = Trainer(
+                bench_config(algo, settings, steps, overrides, f"{root}/{algo}")
+            )
+            rng[algo] = rng_state()
+        for round_ in range(steps + 1):
+            order = algos if round_ % 2 == 0 else algos[::-1]  # ABBA: linear drift cancels
+            for algo in order:
+                trainer = trainers[algo]
+                set_rng_state(rng[algo])
+                cpu = time.process_time()
+                record = trainer.train_step()
+                record["cpu/step"] = time.process_time() - cpu
+                records[algo].append(record)
+                trainer.step += 1  # as Trainer.train: per-step caches and schedules move on
+                rng[algo] = rng_state()
+        for trainer in trainers.values():
+            trainer.close()
+    return {algo: summarize(recs[1:]) for algo, recs in records.items()}  # drop warm-up
+
+
+def summarize(records: list[dict[str, float]]) -> dict[str, Any]:
+    """Median step (and CPU) time, throughput, per-leaf costs, time split, fraction
+    correct."""
     step_times = [r["time/step"] for r in records]
     tokens = [r["generated_tokens"] for r in records]
     # Leaves (rollouts) actually sampled: prompts x group size for parallel sampling, but a
     # tree's leaf count varies with difficulty (DATPO).
     leaves = sum(r["leaves"] for r in records)
     return {
+        "step_times_s": step_times,
         "step_time_s": statistics.median(step_times),
+        "cpu_time_s": statistics.median(r["cpu/step"] for r in records),
         "tokens_per_s": sum(tokens) / sum(step_times),
         "generated_tokens_per_leaf": sum(tokens) / leaves,
         "wall_time_per_leaf_s": sum(step_times) / leaves,
         "leaves_per_step": leaves / len(records),
+        "fraction_correct": sum(r["accuracy"] * r["leaves"] for r in records) / leaves,
         "time_split": {
             k: statistics.median(r[f"time/{k}"] for r in records)
             for k in ("generation", "scoring", "training")
@@ -95,10 +152,9 @@ def time_policyopt(
 def run_bench(args: argparse.Namespace) -> int:
     console = Console()
     settings = bench_settings(args)
-    results: dict[str, dict[str, Any]] = {}
-    for algo in [a.strip() for a in args.algos.split(",") if a.strip()]:
-        console.print(f"timing {algo} ...")
-        results[algo] = time_policyopt(algo, settings, args.steps, args.overrides)
+    algos = list(dict.fromkeys(a.strip() for a in args.algos.split(",") if a.strip()))
+    console.print(f"timing {', '.join(algos)} (interleaved) from {args.model} ...")
+    results: dict[str, dict[str, Any]] = time_policyopt(algos, settings, args.steps, args.overrides)
     if args.against == "trl":
         from policyopt.cli.bench_trl import time_trl
 
@@ -106,6 +162,8 @@ def run_bench(args: argparse.Namespace) -> int:
         results["trl"] = time_trl(settings, args.steps)
     report: dict[str, Any] = {
         "step_time_s": {k: v["step_time_s"] for k, v in results.items()},
+        "cpu_time_s": {k: v["cpu_time_s"] for k, v in results.items() if "cpu_time_s" in v},
+        "step_times_s": {k: v["step_times_s"] for k, v in results.items() if "step_times_s" in v},
         "tokens_per_s": {k: v["tokens_per_s"] for k, v in results.items()},
         "generated_tokens_per_leaf": {
             k: v["generated_tokens_per_leaf"] for k, v in results.items()
@@ -116,6 +174,9 @@ def run_bench(args: argparse.Namespace) -> int:
         "leaves_per_step": {
             k: v["leaves_per_step"] for k, v in results.items() if "leaves_per_step" in v
         },
+        "fraction_correct": {
+            k: v["fraction_correct"] for k, v in results.items() if "fraction_correct" in v
+        },
         "time_split_s": {k: v["time_split"] for k, v in results.items() if "time_split" in v},
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "settings": {**settings, "measured_steps": args.steps},
@@ -123,6 +184,18 @@ def run_bench(args: argparse.Namespace) -> int:
     base = next(iter(results))
     report["step_time_ratio_to_" + base] = {
         k: v["step_time_s"] / results[base]["step_time_s"] for k, v in results.items()
+    }
+    report["step_time_paired_ratio_to_" + base] = {
+        k: statistics.median(
+            t / t0 for t, t0 in zip(v["step_times_s"], results[base]["step_times_s"], strict=True)
+        )
+        for k, v in results.items()
+        if "step_times_s" in v
+    }
+    report["cpu_time_ratio_to_" + base] = {
+        k: v["cpu_time_s"] / results[base]["cpu_time_s"]
+        for k, v in results.items()
+        if "cpu_time_s" in v
     }
     report["generated_tokens_per_leaf_ratio_to_" + base] = {
         k: v["generated_tokens_per_leaf"] / results[base]["generated_tokens_per_leaf"]

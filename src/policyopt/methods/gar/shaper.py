@@ -8,6 +8,12 @@ rollouts, nor an anchor for a prompt without a correct rollout):
 2. v_a for each expert solution of the prompt (column `solution_column`; a list means several
    anchors), from one teacher-forced no-grad pass over [prompt | solution + EOS] under the
    current policy; computed once per (prompt, solution) per step and cached within the step.
+   All of a step's new anchors go through the trunk together (FORWARD_BATCH rows at a time);
+   the LM head is not applied there (the signal forms its logits itself, in chunks). An
+   anchor that a correct rollout of its prompt sampled token for token (solution + EOS: a
+   warm-started policy often writes the expert's solution verbatim) needs no pass: its v_a is
+   that rollout's v, the same function of the same tokens under the same policy, from hidden
+   states recorded while sampling rather than teacher-forced (equal up to rounding).
 3. b_i = best cosine over the main anchors, folded with the `aux_column` anchors by
    `aux_residual` if that option is set; then `gar_rewards` (centring, r_base, β).
 The batch's rewards are replaced: correct -> r_base + β max(0, b̂), wrong -> 0. A correct
@@ -19,7 +25,7 @@ see spans.py) enters v, capped to its last `max_span_tokens` tokens.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -29,7 +35,7 @@ from torch import nn
 from policyopt.methods.gar.rewards import AUX_WEIGHT, BETA, R_BASE, aggregate_anchors, gar_rewards
 from policyopt.methods.gar.signal import batched_gradient_signal, output_layer
 from policyopt.methods.gar.spans import span_mask, token_spans
-from policyopt.models.logprobs import response_logprobs
+from policyopt.models.logprobs import position_ids_from_mask, trunk_of
 from policyopt.rewards.shaping import SHAPERS, RewardShaper, ShapingContext
 
 MAX_SPAN_TOKENS = 768  # SPEC §3 (paper)
@@ -143,10 +149,19 @@ class GARShaper(RewardShaper):
         }
         missing = sorted(wanted - set(self._cache))
         metrics["gar/anchor_sequences"] = float(len(missing))
-        self._cache.update(self._anchor_signals(missing, ctx, weight, bias))
+        answers = self._answer_ids(missing, ctx)
+        sampled = self._sampled_anchors(missing, answers, rows, prompts, v, ctx)
+        metrics["gar/anchors_sampled"] = float(len(sampled))
+        self._cache.update(sampled)
+        forced = [i for i, key in enumerate(missing) if key not in sampled]
+        self._cache.update(
+            self._anchor_signals(
+                [missing[i] for i in forced], [answers[i] for i in forced], ctx, weight, bias
+            )
+        )
         best = [self._best(v, prompts, column) for column in texts]
         b = best[0] if len(best) == 1 else aggregate_anchors(best[0], best[1], self.aux_weight)
-        return b, metrics
+        return b.cpu(), metrics
 
     def _column(self, ctx: ShapingContext, name: str) -> list[list[str]]:
         if name not in ctx.columns:
@@ -156,37 +171,65 @@ class GARShaper(RewardShaper):
     def _best(
         self, v: torch.Tensor, prompts: list[tuple[int, ...]], texts: list[list[str]]
     ) -> torch.Tensor:
-        """max over a rollout's anchors of v_i^T v_a (unit vectors); NaN without anchors."""
-        out = torch.full((len(v),), float("nan"))
-        for i, (p, anchors) in enumerate(zip(prompts, texts, strict=True)):
-            if anchors:
-                va = torch.stack([self._cache[(p, a)] for a in anchors])
-                out[i] = (va @ v[i]).max()
-        return out
+        """max over a rollout's anchors of v_i^T v_a (unit vectors); NaN without anchors.
+        One [K, d] x [d, A] product over the distinct anchors, then a masked max per row."""
+        index: dict[tuple[tuple[int, ...], str], int] = {}
+        slots = [
+            [index.setdefault((p, a), len(index)) for a in ts]
+            for p, ts in zip(prompts, texts, strict=True)
+        ]
+        out = torch.full((len(v),), float("nan"), device=v.device)
+        if not index:
+            return out
+        anchors = torch.stack([self._cache[key] for key in index])  # [A, d]
+        width = max(map(len, slots))
+        pick = torch.tensor([row + [-1] * (width - len(row)) for row in slots], device=v.device)
+        cos = (v @ anchors.T).gather(1, pick.clamp(min=0))  # [K, width]: v_i^T v_a
+        best = cos.masked_fill(pick < 0, float("-inf")).max(-1).values
+        has = pick[:, 0] >= 0
+        return torch.where(has, best, out)
 
     def _prompt_ids(self, rows: torch.Tensor, ctx: ShapingContext) -> list[tuple[int, ...]]:
-        ids, mask = ctx.rollouts.prompt_ids[rows], ctx.rollouts.prompt_mask[rows].bool()
-        return [tuple(i[m].tolist()) for i, m in zip(ids, mask, strict=True)]
+        ids, mask = ctx.rollouts.prompt_ids[rows].tolist(), ctx.rollouts.prompt_mask[rows].tolist()
+        return [
+            tuple(t for t, m in zip(i, ms, strict=True) if m)
+            for i, ms in zip(ids, mask, strict=True)
+        ]
 
     # ------------------------------------------------------------------ signals
     def _chunk(self, ctx: ShapingContext) -> int:
         return self.chunk_size or ctx.logit_chunk_size
 
+    def _spans(
+        self, ids: Callable[[], list[list[int]]], lengths: list[int], ctx: ShapingContext
+    ) -> tuple[list[tuple[int, int]], int]:
+        """Token spans of sequences of `lengths` (their ids from `ids()`, only read, and
+        decoded, when a span_regex is set) and the number of span fallbacks."""
+        if self.pattern is None:  # the whole sequence, capped to its last max_span_tokens
+            return [(max(0, n - self.max_span_tokens), n) for n in lengths], 0
+        return token_spans(ids(), self._decode(ctx), self.pattern, self.max_span_tokens)
+
     def _rollout_signals(
         self, rows: torch.Tensor, ctx: ShapingContext, weight: torch.Tensor, bias: Any
     ) -> tuple[torch.Tensor, int]:
-        """v [K, d] of the rollouts `rows` (CPU) and the number of span fallbacks."""
+        """v [K, d] of the rollouts `rows` (on the head's device) and the number of span
+        fallbacks."""
         r = ctx.rollouts
         lengths = r.lengths[rows].tolist()
-        ids = [row[:n] for row, n in zip(r.response_ids[rows].tolist(), lengths, strict=True)]
-        spans, fallbacks = token_spans(ids, self._decode(ctx), self.pattern, self.max_span_tokens)
+        spans, fallbacks = self._spans(
+            lambda: [
+                row[:n] for row, n in zip(r.response_ids[rows].tolist(), lengths, strict=True)
+            ],
+            lengths,
+            ctx,
+        )
         width = max(e for _, e in spans)
         device = weight.device
         if r.hidden is not None:
             hidden = r.hidden[rows, :width].to(device)
         else:  # engines that record no hidden states: one teacher-forced pass
-            hidden = self._forward_hidden(
-                ctx, r.input_ids()[rows], r.attention_mask()[rows], r.response_ids.shape[1]
+            hidden = teacher_forced_hidden(
+                ctx.model, r.input_ids()[rows], r.attention_mask()[rows], r.response_ids.shape[1]
             )[:, :width]
         v = batched_gradient_signal(
             hidden,
@@ -196,30 +239,63 @@ class GARShaper(RewardShaper):
             r.response_ids[rows, :width].to(device),
             self._chunk(ctx),
         )
-        return v.cpu(), fallbacks
+        return v, fallbacks
+
+    def _answer_ids(
+        self, keys: Sequence[tuple[tuple[int, ...], str]], ctx: ShapingContext
+    ) -> list[list[int]]:
+        """Token ids of each key's solution text, + EOS (one batched tokenizer call)."""
+        if not keys:
+            return []
+        tok = ctx.tokenizer
+        encoded = tok([text for _, text in keys], add_special_tokens=False)["input_ids"]
+        return [ids + [tok.eos_token_id] for ids in encoded]
+
+    def _sampled_anchors(
+        self,
+        keys: Sequence[tuple[tuple[int, ...], str]],
+        answers: Sequence[list[int]],
+        rows: torch.Tensor,
+        prompts: list[tuple[int, ...]],
+        v: torch.Tensor,
+        ctx: ShapingContext,
+    ) -> dict[tuple[tuple[int, ...], str], torch.Tensor]:
+        """v_a of the anchors that a correct rollout (`rows`, signals `v`) of the same prompt
+        sampled token for token: that rollout's v (module docstring, step 2)."""
+        if not keys:
+            return {}
+        r = ctx.rollouts
+        lengths = r.lengths[rows].tolist()
+        sampled: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+        for k, (p, ids, n) in enumerate(
+            zip(prompts, r.response_ids[rows].tolist(), lengths, strict=True)
+        ):
+            sampled.setdefault((p, tuple(ids[:n])), k)
+        found = (
+            (key, sampled.get((key[0], tuple(a)))) for key, a in zip(keys, answers, strict=True)
+        )
+        return {key: v[k] for key, k in found if k is not None}
 
     def _anchor_signals(
         self,
         keys: Sequence[tuple[tuple[int, ...], str]],
+        answers: Sequence[list[int]],
         ctx: ShapingContext,
         weight: torch.Tensor,
         bias: Any,
     ) -> dict[tuple[tuple[int, ...], str], torch.Tensor]:
-        """v_a of each (prompt ids, solution text), teacher-forced under the current policy."""
+        """v_a of each (prompt ids, solution text) with the solution's ids + EOS `answers`,
+        teacher-forced under the current policy (on the head's device)."""
         if not keys:
             return {}
         tok = ctx.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        answers = [
-            tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-            for _, text in keys
-        ]
-        spans, _ = token_spans(answers, self._decode(ctx), self.pattern, self.max_span_tokens)
+        spans, _ = self._spans(lambda: list(answers), list(map(len, answers)), ctx)
         out: dict[tuple[tuple[int, ...], str], torch.Tensor] = {}
         for start in range(0, len(keys), FORWARD_BATCH):
             part = slice(start, start + FORWARD_BATCH)
             ids, mask, width = _pack([p for p, _ in keys[part]], answers[part], pad)
-            hidden = self._forward_hidden(ctx, ids, mask, width)
+            hidden = teacher_forced_hidden(ctx.model, ids, mask, width)
             v = batched_gradient_signal(
                 hidden,
                 span_mask(spans[part], width).to(hidden.device),
@@ -227,29 +303,31 @@ class GARShaper(RewardShaper):
                 None if bias is None else bias.detach(),
                 ids[:, -width:].to(hidden.device),
                 self._chunk(ctx),
-            ).cpu()
+            )
             out.update(zip(keys[part], v, strict=True))
         return out
 
-    def _forward_hidden(
-        self, ctx: ShapingContext, ids: torch.Tensor, mask: torch.Tensor, width: int
-    ) -> torch.Tensor:
-        """LM-head inputs [B, width, d] for the last `width` tokens, no grad, eval mode."""
-        model = ctx.model
-        device = next(model.parameters()).device
-        with torch.no_grad(), _eval_mode(model):
-            out = response_logprobs(
-                model,
-                ids.to(device),
-                mask.to(device),
-                width,
-                chunk_size=self._chunk(ctx),
-                with_hidden=True,
-            )
-        return out.hidden.detach()
-
     def _decode(self, ctx: ShapingContext) -> Any:
         return lambda ids: ctx.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+def teacher_forced_hidden(
+    model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, width: int
+) -> torch.Tensor:
+    """The final (normed) hidden states [B, width, d] that enter the LM head and predict the
+    last `width` tokens of `ids` [B, L] (left-padded per `mask`): one no-grad trunk pass in
+    eval mode over positions 0 .. L-2, as `response_logprobs` runs it, without its LM head
+    (the signal forms its logits itself, in chunks)."""
+    device = next(model.parameters()).device
+    ids, mask = ids.to(device), mask.to(device)
+    with torch.no_grad(), _eval_mode(model):
+        out = trunk_of(model)(
+            input_ids=ids[:, :-1],
+            attention_mask=mask[:, :-1],
+            position_ids=position_ids_from_mask(mask)[:, :-1],
+            use_cache=False,
+        )
+    return out.last_hidden_state[:, -width:]
 
 
 def _pack(
