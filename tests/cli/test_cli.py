@@ -93,6 +93,23 @@ def test_compare_table_over_seeds(tmp_path, monkeypatch) -> None:
     assert (out / "compare.png").exists()
 
 
+def test_compare_keeps_the_metrics_every_run_has() -> None:
+    from policyopt.cli.compare import metric_keys, summarise
+
+    def run(pass_keys):
+        final = {"eval/accuracy": 0.5, **{f"eval/pass@{k}": 0.5 for k in pass_keys}}
+        return {
+            "final_eval": final,
+            "initial_accuracy": 0.4,
+            "final_accuracy": 0.5,
+            "rl_seconds": 1,
+        }
+
+    runs = {"grpo": [run([1, 2, 4])], "dapo": [run([1, 2])]}
+    assert metric_keys(runs) == ["eval/accuracy", "eval/pass@1", "eval/pass@2"]
+    assert "pass@4" not in summarise(runs)[0]
+
+
 def test_bench_json(tmp_path) -> None:
     out = tmp_path / "bench.json"
     assert (

@@ -68,8 +68,11 @@ def mean_ci(values: list[float]) -> tuple[float, float]:
 
 
 def metric_keys(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
-    first = next(iter(runs.values()))[0]
-    return [k for k in first["final_eval"] if k.startswith("eval/")]
+    """The eval metrics every run has (runs evaluated with different sample counts share
+    their smaller set of pass@k), in the first run's order."""
+    summaries = [s for group in runs.values() for s in group]
+    common = set.intersection(*(set(s["final_eval"]) for s in summaries))
+    return [k for k in summaries[0]["final_eval"] if k.startswith("eval/") and k in common]
 
 
 def summarise(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
