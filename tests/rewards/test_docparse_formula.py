@@ -48,7 +48,7 @@ def test_different_formulas_score_below_0_8_by_hand():
 
 def test_a_hanging_simplification_is_cut_at_the_time_limit_and_the_worker_recovers():
     assert formula_reward("x", "x") == 1.0  # a live worker
-    worker = docparse_formula._current
+    worker = docparse_formula._workers[0]
     start = time.monotonic()
     r = formula_reward("(x+1)^{100000}", "x^2", timeout_s=1.0)
     assert time.monotonic() - start < 30
@@ -56,7 +56,7 @@ def test_a_hanging_simplification_is_cut_at_the_time_limit_and_the_worker_recove
     assert r == pytest.approx(0.2 * (1 - 12 / 14))
     assert not worker.alive()
     assert formula_reward("x^2-1", "(x-1)(x+1)", timeout_s=5.0) >= 0.8  # a new worker
-    assert docparse_formula._current is not worker
+    assert docparse_formula._workers[0] is not worker
 
 
 def test_in_process_mode_gives_the_same_values():

@@ -7,7 +7,7 @@ string inputs (a non-str argument is a caller bug and raises TypeError):
 - `table_reward`: weighted TEDS over the HTML tables; unit costs give PubTabNet's TEDS
   (docparse_table; the exact tree edit distance is in docparse_ted);
 - `formula_reward`: parse check × (0.8 symbolic equivalence + 0.2 edit similarity)
-  (docparse_formula).
+  (docparse_formula; `formula_rewards` scores a batch).
 
 `docparse_reward_function(kind)` turns them into one TRL-style reward function
 `f(prompts, completions, **columns) -> list[float]`; the registered names are `docparse`
@@ -18,9 +18,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from policyopt.rewards.docparse_formula import DEFAULT_TIMEOUT_S, Judge, formula_reward
+from policyopt.rewards.docparse_formula import (
+    DEFAULT_TIMEOUT_S,
+    Judge,
+    formula_reward,
+    formula_rewards,
+)
 from policyopt.rewards.docparse_table import table_reward, teds
 from policyopt.rewards.docparse_text import text_reward
 from policyopt.rewards.functions import REWARD_FUNCTIONS, RewardFunction
@@ -30,6 +36,7 @@ __all__ = [
     "docparse_reward",
     "docparse_reward_function",
     "formula_reward",
+    "formula_rewards",
     "table_reward",
     "teds",
     "text_reward",
@@ -61,24 +68,40 @@ def docparse_reward_function(
         "table": functools.partial(
             table_reward, structure_cost=structure_cost, content_cost=content_cost
         ),
-        "formula": functools.partial(formula_reward, judge=judge, timeout_s=formula_timeout_s),
     }
 
     def reward(prompts: list[Any], completions: list[Any], **columns: Any) -> list[float]:
         n = len(completions)
         references = _column(columns, reference_column, n)
         types = _column(columns, type_column, n) if kind == "auto" else [kind] * n
-        scores = []
+        texts = []
         for i, (completion, reference, element_type) in enumerate(
             zip(completions, references, types, strict=True)
         ):
-            if element_type not in scorers:
+            if element_type not in ELEMENT_TYPES:
                 raise ValueError(
                     f"row {i}: {type_column} {element_type!r} is not one of {ELEMENT_TYPES}"
                 )
             if not isinstance(reference, str):
                 raise TypeError(f"row {i}: {reference_column} must be a str, got {reference!r}")
-            scores.append(scorers[element_type](_completion_text(completion, i), reference))
+            texts.append(_completion_text(completion, i))
+        scores = [0.0] * n
+        formulas = [i for i in range(n) if types[i] == "formula"]
+        # All formulas in one call, whose checks run in worker processes (in parallel) while
+        # this thread scores the text and tables.
+        with ThreadPoolExecutor(max_workers=1) as background:
+            formula_scores = background.submit(
+                formula_rewards,
+                [texts[i] for i in formulas],
+                [references[i] for i in formulas],
+                judge=judge,
+                timeout_s=formula_timeout_s,
+            )
+            for i in range(n):
+                if types[i] != "formula":
+                    scores[i] = scorers[types[i]](texts[i], references[i])
+            for i, value in zip(formulas, formula_scores.result(), strict=True):
+                scores[i] = value
         return scores
 
     reward.__name__ = "docparse" if kind == "auto" else f"docparse_{kind}"

@@ -8,21 +8,31 @@
   paper). Expressions are equivalent if sympy simplifies their difference to 0; equations
   `a = b` and `c = d` if a − b and c − d are equal, opposite, or a constant non-zero multiple
   of each other; other objects (sets, matrices, inequalities) if they simplify to equal
-  objects. A numeric probe at fixed points rejects most non-equivalent pairs before the
-  (slow) simplification;
+  objects. Numeric probes at fixed points reject most non-equivalent pairs before the
+  (slow) simplifications: a difference that is clearly non-zero at a point is not 0, and a
+  ratio of two equations' sides d1/d2 that takes two clearly different values (evaluated to
+  30 digits) is not a constant;
 - r_struct = 1 − normalised Levenshtein distance of the two normalised LaTeX strings.
 
 Normalisation (for both parsing and r_struct): outer math delimiters ($…$, $$…$$, \\(…\\),
 \\[…\\]) and thin spaces (\\, \\; \\: \\!) are removed, and whitespace is dropped except the
 one space that separates a control word from a following letter (`\\alpha x`). Symbols are
-compared case-insensitively (latex2sympy2_extended's default `lowercase_symbols`).
+compared case-insensitively (latex2sympy2_extended's default `lowercase_symbols`). Parsing
+tries ANTLR's fast SLL prediction first, with full LL only where SLL misleads on common
+input; a parse that succeeds that way is the one full LL gives (`_fast_latex2sympy`), and a
+failure is retried with full LL.
 
 sympy can hang or exhaust memory on some inputs (`10^{10^{10}}`, `(x+1)^{100000}`), inside C
-code that no signal or thread can interrupt. So parsing and equivalence run in a separate
-worker process with a time limit per stage (`timeout_s`) and an address-space cap; on a
-timeout the worker is killed (and restarted on the next call), a parse that times out counts
-as not parsing and an equivalence check that times out as not equivalent. `timeout_s=None`
-runs everything in this process without a limit (trusted inputs only).
+code that no signal or thread can interrupt. So parsing and equivalence run in persistent
+worker processes with a time limit per stage (`timeout_s`) and an address-space cap; on a
+timeout the worker is killed (and restarted for the next check), a parse that times out
+counts as not parsing and an equivalence check that times out as not equivalent.
+`timeout_s=None` runs everything in this process without a limit (trusted inputs only).
+
+`formula_rewards` scores a batch (a training step's formulas): its distinct checks that are
+not in a bounded cache of earlier results run on one worker, or on up to `MAX_WORKERS` at
+once where cores are idle. A check's result does not depend on which worker ran it, nor on
+the batch it came in.
 
 This module imports only the standard library and rapidfuzz at the top, so the worker can
 load it by path without importing the rest of the package.
@@ -39,7 +49,8 @@ import re
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -49,10 +60,15 @@ SEMANTIC_WEIGHT = 0.8  # SPEC §5: 0.8 r_sem + 0.2 r_struct
 STRUCTURE_WEIGHT = 0.2
 DEFAULT_TIMEOUT_S = 5.0  # per stage (parse, equivalence); covers slow simplifications
 WORKER_STARTUP_TIMEOUT_S = 120.0  # importing sympy on a loaded 2-core machine
-WORKER_MEMORY_BYTES = 4 << 30  # address-space cap of the worker (Linux)
+WORKER_MEMORY_BYTES = 4 << 30  # address-space cap of each worker (Linux)
+# sympy is single-threaded: a second worker uses the core that a 1-thread trainer leaves
+# idle while it waits for rewards (when it is idle: `_worker_count`). Each holds ~80 MB.
+MAX_WORKERS = 2
+CACHE_SIZE = 8192  # (prediction, reference) checks kept: a few hundred steps of formulas
 _PROBE_POINTS = (0.7236, 1.3719, 2.1183, 0.4142, 1.7321)  # fixed: results must be reproducible
 
 Judge = Callable[[str, str], float]
+Check = tuple[str, str | None]  # (normalised prediction, normalised reference or None)
 
 
 def formula_reward(
@@ -62,27 +78,49 @@ def formula_reward(
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
 ) -> float:
     """DocPO formula reward in [0, 1]; see the module docstring."""
-    for name, value in (("prediction", prediction), ("reference", reference)):
-        if not isinstance(value, str):
-            raise TypeError(f"formula_reward: {name} must be a str, got {type(value).__name__}")
+    return formula_rewards([prediction], [reference], judge=judge, timeout_s=timeout_s)[0]
+
+
+def formula_rewards(
+    predictions: Sequence[str],
+    references: Sequence[str],
+    judge: Judge | None = None,
+    timeout_s: float | None = DEFAULT_TIMEOUT_S,
+) -> list[float]:
+    """`formula_reward` of each (prediction, reference) pair, the same values one by one
+    would give; the checks run in parallel workers (module docstring)."""
+    if len(predictions) != len(references):
+        raise ValueError(
+            f"formula_rewards: {len(predictions)} predictions for {len(references)} references"
+        )
+    for name, values in (("prediction", predictions), ("reference", references)):
+        for value in values:
+            if not isinstance(value, str):
+                raise TypeError(f"formula_reward: {name} must be a str, got {type(value).__name__}")
     if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s > 0):
         raise ValueError(f"formula_reward: timeout_s must be > 0 or None, got {timeout_s}")
-    pred, ref = normalise_latex(prediction), normalise_latex(reference)
-    if judge is None:
-        parsed, equivalent = _check(pred, ref, timeout_s)
-        r_sem = float(equivalent)
-    else:
-        parsed = _check(pred, None, timeout_s)[0]
-        r_sem = _judged(judge, prediction, reference) if parsed else 0.0
-    if not parsed:
-        return 0.0
-    r_struct = Levenshtein.normalized_similarity(pred, ref)
-    return min(1.0, SEMANTIC_WEIGHT * r_sem + STRUCTURE_WEIGHT * r_struct)
+    preds = [normalise_latex(p) for p in predictions]
+    refs = [normalise_latex(r) for r in references]
+    # With a judge only the parse is checked here (ref None); the judge gives r_sem.
+    keys = list(zip(preds, refs, strict=True)) if judge is None else [(p, None) for p in preds]
+    checks = _checks(keys, timeout_s)
+    rewards = []
+    for i, (parsed, equivalent) in enumerate(checks):
+        if not parsed:
+            rewards.append(0.0)
+            continue
+        if judge is None:
+            r_sem = float(equivalent)
+        else:
+            r_sem = _judged(judge, predictions[i], references[i])
+        r_struct = Levenshtein.normalized_similarity(preds[i], refs[i])
+        rewards.append(min(1.0, SEMANTIC_WEIGHT * r_sem + STRUCTURE_WEIGHT * r_struct))
+    return rewards
 
 
 def latex_parses(latex: str, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> bool:
     """Whether latex2sympy2_extended parses `latex` (normalised) within the time limit."""
-    return _check(normalise_latex(latex), None, timeout_s)[0]
+    return _checks([(normalise_latex(latex), None)], timeout_s)[0][0]
 
 
 _DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\[", "\\]"), ("\\(", "\\)"))
@@ -114,13 +152,35 @@ def _judged(judge: Judge, prediction: str, reference: str) -> float:
     return min(1.0, max(0.0, value))
 
 
-@lru_cache(maxsize=4096)  # a group's rollouts often repeat the same formula
-def _check(pred: str, ref: str | None, timeout_s: float | None) -> tuple[bool, bool]:
-    """(pred parses, pred equivalent to ref); ref None: parse only."""
-    if timeout_s is None:
-        return _check_here(pred, ref)
-    with _worker_lock:
-        return _worker().check(pred, ref, timeout_s)
+# Results of earlier checks, oldest first. Within a group of rollouts and across steps the same
+# (prediction, reference) recurs; a check's result depends only on the key (with the time
+# limit: a check that timed out under one limit might finish under a longer one).
+_cache: OrderedDict[tuple[str, str | None, float | None], tuple[bool, bool]] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def _checks(keys: list[Check], timeout_s: float | None) -> list[tuple[bool, bool]]:
+    """(pred parses, pred equivalent to ref) of each key; ref None: parse only."""
+    found: dict[Check, tuple[bool, bool]] = {}
+    with _cache_lock:
+        for key in keys:
+            result = _cache.get((*key, timeout_s))
+            if result is not None:
+                _cache.move_to_end((*key, timeout_s))
+                found[key] = result
+    todo = [key for key in dict.fromkeys(keys) if key not in found]
+    if todo:
+        if timeout_s is None:
+            computed = [_check_here(pred, ref) for pred, ref in todo]
+        else:
+            computed = _run_in_workers(todo, timeout_s)
+        with _cache_lock:
+            for key, result in zip(todo, computed, strict=True):
+                found[key] = result
+                _cache[(*key, timeout_s)] = result
+            while len(_cache) > CACHE_SIZE:
+                _cache.popitem(last=False)
+    return [found[key] for key in keys]
 
 
 # ---------------------------------------------------------------------------------------
@@ -129,12 +189,74 @@ def _check(pred: str, ref: str | None, timeout_s: float | None) -> tuple[bool, b
 
 @lru_cache(maxsize=1024)
 def _parse(latex: str) -> Any:
-    """The sympy object of `latex`; raises if it does not parse."""
+    """The sympy object of `latex` (latex2sympy2_extended's `latex2sympy`); raises if it
+    does not parse."""
     from latex2sympy2_extended import latex2sympy
 
     if not latex:
         raise ValueError("empty formula")
+    fast = _fast_latex2sympy()
+    if fast is not None:
+        try:
+            return fast(latex)
+        except Exception:  # a syntax error of the input, or one of SLL's: full LL decides
+            pass
     return latex2sympy(latex)
+
+
+@lru_cache(maxsize=1)
+def _fast_latex2sympy() -> Callable[[str], Any] | None:
+    """`latex2sympy` with ANTLR's SLL prediction in every decision but those of the rule
+    `atom_expr`, which keep full LL; None if latex2sympy2_extended's internals are not the
+    ones this was written against.
+
+    Full-LL prediction (the default) is most of the parse time: it runs whenever the
+    context-free SLL lookahead is ambiguous, and its results are not cached. ANTLR
+    guarantees that SLL prediction yields the full-LL parse tree or a syntax error; the
+    argument holds decision by decision (an SLL choice that differs from LL's is one that
+    LL ruled out for this input in its real context, so parsing on with it fails). So a
+    parse that succeeds here is `latex2sympy`'s, and `_parse` retries a failure with full
+    LL. `atom_expr` keeps LL because SLL picks wrongly there on common input (`(k+3)^{2}`),
+    which would make the retry the rule."""
+    try:
+        from antlr4.atn.ParserATNSimulator import ParserATNSimulator
+        from antlr4.atn.PredictionMode import PredictionMode
+        from latex2sympy2_extended import latex2sympy2 as l2s
+
+        parser_class = l2s.PSParser
+        ll_decisions = frozenset(
+            d
+            for d, state in enumerate(parser_class.atn.decisionToState)
+            if state.ruleIndex == parser_class.RULE_atom_expr
+        )
+        base, normalize = l2s._Latex2Sympy, l2s.normalize_latex
+        normalization, conversion = l2s.NormalizationConfig, l2s.ConversionConfig
+    except (ImportError, AttributeError):
+        return None
+    if not callable(getattr(base, "create_parser", None)):  # the method overridden below
+        return None
+
+    class Simulator(ParserATNSimulator):
+        def adaptivePredict(self, input: Any, decision: int, outerContext: Any) -> int:
+            self.predictionMode = (
+                PredictionMode.LL if decision in ll_decisions else PredictionMode.SLL
+            )
+            return super().adaptivePredict(input, decision, outerContext)
+
+    class Converter(base):
+        def create_parser(self, latex_str: str) -> Any:
+            parser = super().create_parser(latex_str)
+            parser._interp = Simulator(
+                parser, parser.atn, parser.decisionsToDFA, parser.sharedContextCache
+            )
+            return parser
+
+    def convert(latex: str) -> Any:
+        # latex2sympy(latex) with its defaults, through Converter.
+        converter = Converter(None, None, False, config=conversion())
+        return converter.parse(normalize(latex, normalization()))
+
+    return convert
 
 
 def _check_here(pred: str, ref: str | None) -> tuple[bool, bool]:
@@ -172,7 +294,7 @@ def _equivalent(a: Any, b: Any) -> bool:
         d1, d2 = a.lhs - a.rhs, b.lhs - b.rhs
         if _is_zero(d1 - d2) or _is_zero(d1 + d2):
             return True
-        if d2 == 0:
+        if d2 == 0 or _ratio_varies(d1, d2):
             return False
         ratio = sympy.simplify(d1 / d2)
         return bool(ratio.is_number and ratio != 0 and ratio.is_finite)
@@ -181,6 +303,34 @@ def _equivalent(a: Any, b: Any) -> bool:
     if isinstance(a, sympy.Expr) and isinstance(b, sympy.Expr):
         return _is_zero(a - b)
     return bool(sympy.simplify(a) == sympy.simplify(b))
+
+
+def _ratio_varies(d1: Any, d2: Any) -> bool:
+    """d1/d2 takes two clearly different values at probe points, so it is not a constant and
+    simplify cannot make it one: skips the simplification that costs most of the time of
+    comparing two different equations. Exact rational points and 30-digit evaluation that
+    raises rather than return fewer correct digits (strict): rounding cannot make a constant
+    ratio look varying; a point where the ratio is undefined or not evaluable is skipped."""
+    import sympy
+
+    ratio = d1 / d2
+    symbols = sorted(ratio.free_symbols, key=str)
+    if not symbols:
+        return False
+    points = [sympy.Rational(str(p)) for p in _PROBE_POINTS]
+    seen: list[complex] = []
+    for shift in range(3):
+        point = {s: points[(k + shift) % len(points)] for k, s in enumerate(symbols)}
+        try:
+            value = complex(ratio.evalf(30, subs=point, strict=True))
+        except Exception:  # zoo, nan, unevaluated objects, precision exhausted
+            continue
+        if not math.isfinite(abs(value)):
+            continue
+        if any(abs(value - v) > 1e-9 * max(abs(value), abs(v)) for v in seen):
+            return True
+        seen.append(value)
+    return False
 
 
 def _is_zero(d: Any) -> bool:
@@ -206,22 +356,74 @@ def _is_zero(d: Any) -> bool:
 # The worker process
 
 
-_worker_lock = threading.Lock()
-_current: _Worker | None = None
+_pool_lock = threading.Lock()  # one batch at a time drives the workers
+_workers: list[_Worker | None] = []  # slot i is driven by one thread of a batch
 
 
-def _worker() -> _Worker:
-    """The live worker, started on first use (and again after a kill or a fork)."""
-    global _current
-    if _current is None or not _current.alive():
-        _current = _Worker()
-    return _current
+def _worker_count() -> int:
+    """One worker, plus one per core idle over the last minute, up to MAX_WORKERS. On a busy
+    machine a second worker only competes for the same cores (measured: 1.2-1.5x slower at a
+    load of 3.5-4 on 2 cores, 1.6-1.9x faster at 1-2)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    try:
+        idle = max(0.0, cpus - os.getloadavg()[0])
+    except OSError:  # load average unavailable
+        idle = 0.0
+    return max(1, min(MAX_WORKERS, 1 + round(idle)))
+
+
+def _worker(slot: int) -> _Worker:
+    """The live worker of `slot`, started on first use (and again after a kill or a fork)."""
+    current = _workers[slot]
+    if current is None or not current.alive():
+        current = _workers[slot] = _Worker()
+    return current
+
+
+def _run_in_workers(keys: list[Check], timeout_s: float) -> list[tuple[bool, bool]]:
+    """Checks of `keys`, each handed to the next free worker (a worker parses a reference
+    once: its parse cache)."""
+    todo: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for i in range(len(keys)):
+        todo.put(i)
+    results: list[tuple[bool, bool] | None] = [None] * len(keys)
+    errors: list[BaseException] = []
+
+    def drive(slot: int) -> None:
+        try:
+            while True:
+                try:
+                    i = todo.get_nowait()
+                except queue.Empty:
+                    return
+                results[i] = _worker(slot).check(*keys[i], timeout_s)
+        except BaseException as error:  # re-raised by the calling thread
+            errors.append(error)
+
+    with _pool_lock:
+        n = min(_worker_count(), len(keys))
+        _workers.extend([None] * (n - len(_workers)))
+        helpers = [
+            threading.Thread(target=drive, args=(slot,), daemon=True) for slot in range(1, n)
+        ]
+        for thread in helpers:
+            thread.start()
+        drive(0)
+        for thread in helpers:
+            thread.join()
+    if errors:
+        raise errors[0]
+    return results  # type: ignore[return-value]  # every index was filled
 
 
 @atexit.register
-def _stop_worker() -> None:
-    if _current is not None and _current.alive():
-        _current.kill()
+def _stop_workers() -> None:
+    for current in _workers:
+        if current is not None and current.alive():
+            current.kill()
 
 
 class _Worker:
