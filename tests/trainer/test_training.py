@@ -106,15 +106,10 @@ def test_plot_and_lora(tmp_path, small_config) -> None:
     assert (tmp_path / "checkpoints" / "step-00000002" / "adapter_model.safetensors").exists()
 
 
-def test_update_normalisers_skip_fully_masked_rows(tmp_path, small_config) -> None:
-    """A response whose loss is masked out (overlong filtering) is not a sequence of the
-    seq-mean denominator: the trainer's loss equals core's on the whole minibatch."""
-    from policyopt.core import compute_policy_loss
-    from policyopt.models.logprobs import response_logprobs
+def shaped_batch(trainer: Trainer):
+    """The step batch (rewards shaped, advantages computed) of two prompts' rollouts."""
     from policyopt.trainer.rollout_phase import RolloutTimes, generate_and_score
-    from policyopt.trainer.update import policy_update
 
-    trainer = Trainer(small_config(tmp_path, "optim.lr=1e-12", "optim.max_grad_norm=null", steps=1))
     scored = generate_and_score(
         rows=trainer.train_rows,
         indices=[0, 1],
@@ -126,7 +121,18 @@ def test_update_normalisers_skip_fully_masked_rows(tmp_path, small_config) -> No
         config=trainer.config,
         times=RolloutTimes(),
     )
-    batch, _ = trainer._shape(scored)
+    return trainer._shape(scored)[0]
+
+
+def test_update_normalisers_skip_fully_masked_rows(tmp_path, small_config) -> None:
+    """A response whose loss is masked out (overlong filtering) is not a sequence of the
+    seq-mean denominator: the trainer's loss equals core's on the whole minibatch."""
+    from policyopt.core import compute_policy_loss
+    from policyopt.models.logprobs import response_logprobs
+    from policyopt.trainer.update import policy_update
+
+    trainer = Trainer(small_config(tmp_path, "optim.lr=1e-12", "optim.max_grad_norm=null", steps=1))
+    batch = shaped_batch(trainer)
     batch.loss_mask = batch.rollouts.response_mask.clone()
     batch.loss_mask[0] = 0.0
     r = batch.rollouts
@@ -147,7 +153,6 @@ def test_update_metrics_do_not_depend_on_micro_batch_size(tmp_path, small_config
     metrics must say so however the minibatch is split into micro-batches, and min/max are
     the minibatch's min/max (a regression: the token-weighted sums were divided by the last
     micro-batch's token count, logging ratio_mean ~ 2 with two micro-batches)."""
-    from policyopt.trainer.rollout_phase import RolloutTimes, generate_and_score
     from policyopt.trainer.update import policy_update
 
     logged = {}
@@ -157,19 +162,7 @@ def test_update_metrics_do_not_depend_on_micro_batch_size(tmp_path, small_config
                 tmp_path / str(micro), "optim.lr=1e-12", f"train.micro_batch_size={micro}", steps=1
             )
         )
-        scored = generate_and_score(
-            rows=trainer.train_rows,
-            indices=[0, 1],
-            group_offset=0,
-            task=trainer.task,
-            tokenizer=trainer.tokenizer,
-            engine=trainer.engine,
-            reward_fn=trainer.reward_fn,
-            config=trainer.config,
-            times=RolloutTimes(),
-        )
-        batch, _ = trainer._shape(scored)
-        logged[micro] = policy_update(trainer.update_ctx, batch)
+        logged[micro] = policy_update(trainer.update_ctx, shaped_batch(trainer))
         trainer.close()
     for metrics in logged.values():
         for key in ("ratio_mean", "ratio_min", "ratio_max"):
