@@ -1,5 +1,6 @@
 """Resuming continues exactly: 4 steps == 2 steps + resume + 2 steps, bit for bit."""
 
+import json
 import os
 import signal
 import subprocess
@@ -104,3 +105,27 @@ def test_resume_after_kill_mid_run(tmp_path, small_config) -> None:
     b = load_file(latest_checkpoint(killed) / "model.safetensors")
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_generated_token_budget_stops_the_run_and_survives_resume(tmp_path, small_config) -> None:
+    # How many tokens 2 steps generate, then a budget that two steps exceed but one does not.
+    probe = Trainer(small_config(tmp_path / "probe", steps=2))
+    probe.train()
+    one = probe.logger.jsonl.read_text().splitlines()
+    per_step = [json.loads(line)["generated_tokens"] for line in one]
+    assert probe.generated_tokens == sum(per_step)
+    budget = int(per_step[0]) + 1
+
+    limited = Trainer(small_config(tmp_path / "b", f"train.max_generated_tokens={budget}", steps=6))
+    limited.train(until_step=1)  # stop after one step, as a killed run would
+    assert limited.generated_tokens == per_step[0] < budget
+    resumed = Trainer(
+        small_config(
+            tmp_path / "b", f"train.max_generated_tokens={budget}", "train.plot=true", steps=6
+        )
+    )
+    assert resumed.generated_tokens == per_step[0]  # restored from the checkpoint
+    resumed.train()
+    # Step 2 crosses the budget: the run ends there, not at step 6.
+    assert resumed.step == 2 and resumed.generated_tokens == sum(per_step) >= budget
+    assert (tmp_path / "b" / "curves.png").exists()  # a finished run, though short of 6 steps

@@ -158,6 +158,10 @@ class SFTConfig(Section):
 
 class TrainConfig(Section):
     steps: int = Field(100, ge=0)
+    # Stop early once the run has generated this many tokens (0: no limit), to compare
+    # methods at an equal generation budget (a tree generates more or fewer tokens per step
+    # than G parallel samples). `steps` still sets the lr schedule's length.
+    max_generated_tokens: int = Field(0, ge=0)
     seed: int = 0
     output_dir: str = "runs/default"
     # Sequences per forward/backward; normalisers are global, so this changes memory only.

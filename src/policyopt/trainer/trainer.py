@@ -93,6 +93,7 @@ class Trainer:
         self.sampler = PromptSampler(len(self.train_rows), cfg.train.seed)
         self.update_ctx = self._update_context()
         self.step = 0
+        self.generated_tokens = 0  # over the whole run, for train.max_generated_tokens
         self.logger = MetricsLogger(self.output_dir, cfg.train.loggers, cfg.model_dump(mode="json"))
         self._maybe_resume()
 
@@ -129,12 +130,14 @@ class Trainer:
             shaper.load_state_dict(s)
         ckpt.set_rng_state(state["rng"])
         self.step = state["step"]
+        self.generated_tokens = state.get("generated_tokens", 0)
         self.logger.truncate_after(self.step)
         self.console.print(f"resumed from {path} at step {self.step}")
 
     def save(self) -> Path:
         state = {
             "step": self.step,
+            "generated_tokens": self.generated_tokens,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "sampler": self.sampler.state_dict(),
@@ -159,9 +162,11 @@ class Trainer:
         final: dict[str, float] = {}
         with progress_bar(self.console, cfg.progress) as bar:
             task_id = bar.add_task("train", total=cfg.steps, completed=self.step, status="")
-            while self.step < last:
+            while self.step < last and not self.budget_spent():
                 metrics = self.train_step()
                 self.step += 1
+                self.generated_tokens += int(metrics["generated_tokens"])
+                metrics["generated_tokens_total"] = float(self.generated_tokens)
                 if self.config.eval.every and self.step % self.config.eval.every == 0:
                     metrics.update(self.evaluate())
                 if self.step % cfg.log_every == 0 or self.step == last:
@@ -172,13 +177,18 @@ class Trainer:
                 final = metrics
         if cfg.save_every == 0 or self.step % cfg.save_every != 0:
             self.save()
-        if cfg.plot and self.step == cfg.steps:
+        if cfg.plot and (self.step == cfg.steps or self.budget_spent()):
             plot_metrics(
                 read_metrics(self.logger.jsonl),
                 self.output_dir / "curves.png",
                 self.config.algorithm.name,
             )
         return final
+
+    def budget_spent(self) -> bool:
+        """Whether train.max_generated_tokens (if set) has been reached."""
+        budget = self.config.train.max_generated_tokens
+        return bool(budget) and self.generated_tokens >= budget
 
     def train_step(self) -> dict[str, float]:
         cfg = self.config
