@@ -294,7 +294,7 @@ def _shared_prompt_hidden(
     if cache is None:
         return None
     ids, mask = unique[:, :prompt_len], unique[:, prompt_len:]
-    cache_kw = _cache_kwarg(trunk)
+    cache_kw = cache_kwarg(trunk)
     out = trunk(
         input_ids=ids,
         attention_mask=mask,
@@ -331,9 +331,11 @@ def _empty_full_attention_cache(trunk: nn.Module) -> object | None:
     return cache
 
 
-def _cache_kwarg(module: nn.Module) -> str:
-    """transformers 5.2x names the KV cache `cache`; earlier releases `past_key_values`."""
-    params = inspect.signature(module.forward).parameters
+def cache_kwarg(module: nn.Module) -> str:
+    """The keyword `module.forward` takes its KV cache by (a PEFT wrapper's: its base
+    model's): transformers 5.2x names it `cache`, earlier releases `past_key_values`."""
+    base = module.get_base_model() if hasattr(module, "get_base_model") else module
+    params = inspect.signature(base.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 

@@ -12,7 +12,6 @@ cache lives in buffers sized for the whole response (`transformers`' `DynamicLay
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ try:  # transformers >= 4.56 keeps the cache as one object per layer
 except ImportError:  # pragma: no cover - older transformers: the cache grows by torch.cat
     DynamicLayer = None
 
+from policyopt.models.logprobs import cache_kwarg
 from policyopt.rollout.base import ENGINES, RolloutEngine, Rollouts, SamplingParams, concat_rollouts
 from policyopt.rollout.sampling import sample_next
 
@@ -44,13 +44,6 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
 def positions(mask: torch.Tensor) -> torch.Tensor:
     """Position ids that ignore left padding: 0 at each row's first real token."""
     return (mask.cumsum(-1) - 1).clamp(min=0)
-
-
-def _cache_argument(model: PreTrainedModel) -> str:
-    """transformers 5.2x names the KV cache `cache`; earlier releases `past_key_values`."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    params = inspect.signature(base.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
 
 
 def _cache_of(out: object) -> object:
@@ -76,7 +69,7 @@ class HFEngine(RolloutEngine):
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
         self.batch_size = batch_size
         self.generator = generator
-        self._cache_kw = _cache_argument(model)
+        self._cache_kw = cache_kwarg(model)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollouts:
