@@ -12,3 +12,14 @@ def raises_on_odd_answer(prompts, completions, answer, **columns):
     if any(int(a) % 2 for a in answer):
         raise ZeroDivisionError("boom")
     return [0.0] * len(completions)
+
+
+def digit_fraction_heard(prompts, completions, **columns):
+    """`digit_fraction`, with a `prefetch` that records the completions it is handed early."""
+    return digit_fraction(prompts, completions, **columns)
+
+
+digit_fraction_heard.heard = []
+digit_fraction_heard.prefetch = lambda prompts, completions, **columns: (
+    digit_fraction_heard.heard.extend(zip(prompts, completions, columns["answer"], strict=True))
+)

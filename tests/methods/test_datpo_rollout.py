@@ -78,7 +78,7 @@ class FixedBaseEngine(HFEngine):
         super().__init__(model, tokenizer, generator=torch.Generator().manual_seed(1))
         self.texts, self.entropies = texts, entropies
 
-    def generate(self, prompts, params):
+    def generate(self, prompts, params, on_finished=None):
         ids = [encode(self.tokenizer, t) + [self.eos_id] for t in self.texts]
         width = max(map(len, ids))
         resp = torch.full((len(ids), width), self.pad_id)

@@ -129,6 +129,45 @@ def test_the_adapter_scores_its_formulas_as_one_by_one(plain):
     assert [s for s, t in zip(scores, types, strict=True) if t == "formula"] == plain(formulas)
 
 
+def test_prefetched_checks_fill_the_cache_and_change_no_value(plain, monkeypatch):
+    expected = plain(PAIRS)
+    clear_caches()
+    # Rows arrive one at a time, as responses end during sampling, through the adapter.
+    for p, r in PAIRS:
+        docparse_reward.prefetch(["p"], [p], reference=[r], element_type=["formula"])
+    docparse_reward.prefetch(["p"], ["x"], reference=["y"], element_type=["text"])  # ignored
+    docparse_formula._wait_for_prefetch()
+    assert {key[:2] for key in docparse_formula._cache} == {
+        (normalise_latex(p), normalise_latex(r)) for p, r in PAIRS
+    }
+
+    def no_workers(keys, timeout_s):
+        raise AssertionError(f"not prefetched: {keys}")
+
+    with monkeypatch.context() as m:
+        m.setattr(docparse_formula, "_run_in_workers", no_workers)
+        assert rewards(PAIRS) == expected
+    clear_caches()
+    # A batch scored while its prefetch is still queued waits for it, then finds it cached.
+    docparse_formula.prefetch_formula_rewards([p for p, _ in PAIRS], [r for _, r in PAIRS])
+    assert rewards(PAIRS) == expected
+
+
+def test_a_prefetch_that_fails_leaves_the_error_to_the_real_call(monkeypatch):
+    clear_caches()
+
+    def broken(keys, timeout_s):
+        raise RuntimeError("no worker")
+
+    monkeypatch.setattr(docparse_formula, "_run_in_workers", broken)
+    docparse_formula.prefetch_formula_rewards(["x+3"], ["x+3"])
+    docparse_formula._wait_for_prefetch()  # returns: the thread survived the error
+    with pytest.raises(RuntimeError, match="no worker"):
+        formula_reward("x+3", "x+3")
+    docparse_formula.prefetch_formula_rewards(["x"], ["x"], timeout_s=None)  # a no-op
+    assert docparse_formula._prefetch_queue.unfinished_tasks == 0
+
+
 def test_the_ratio_probe_never_changes_an_equation_verdict(monkeypatch):
     parse, equivalent = docparse_formula._parse, docparse_formula._equivalent
     equations = [(parse(p), parse(r)) for p, r in PAIRS[6:14]]

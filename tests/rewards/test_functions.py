@@ -203,3 +203,26 @@ def test_task_reward_function_ignores_trl_extra_arguments() -> None:
         ["Q:1+2=?\n"], ["1+2=3. A:3"], answer=["3"], trainer_state=object(), log_metric=print
     )
     assert out == [1.0]
+
+
+def test_pipeline_prefetch_reaches_only_functions_that_have_it_and_never_raises():
+    calls = []
+
+    def plain(prompts, completions, **columns):
+        return [1.0] * len(completions)
+
+    def early(prompts, completions, **columns):
+        return [0.5] * len(completions)
+
+    def broken(prompts, completions, **columns):
+        return [0.0] * len(completions)
+
+    early.prefetch = lambda prompts, completions, **columns: calls.append((completions, columns))
+    broken.prefetch = lambda prompts, completions, **columns: 1 / 0
+    assert not RewardPipeline([("plain", plain, 1.0)]).can_prefetch
+    pipeline = RewardPipeline(
+        [("plain", plain, 1.0), ("broken", broken, 1.0), ("early", early, 1.0)]
+    )
+    assert pipeline.can_prefetch
+    pipeline.prefetch(["q"], ["a"], {"answer": ["7"]})  # broken's error is not raised here
+    assert calls == [(["a"], {"answer": ["7"]})]

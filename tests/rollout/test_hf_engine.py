@@ -56,6 +56,27 @@ def test_eos_ends_a_response_and_padding_follows(tiny) -> None:
         assert (row[n:] == tok.pad_token_id).all()
 
 
+def test_on_finished_hears_each_ended_response_once_with_its_tokens(tiny) -> None:
+    model, tok = tiny
+    torch.manual_seed(1)
+    heard: dict[int, list[int]] = {}
+
+    def on_finished(row: int, ids: list[int]) -> None:
+        assert row not in heard  # once per response
+        heard[row] = ids
+
+    # batch_size 5: rows of later chunks are numbered in the prompts given to generate.
+    r = HFEngine(model, tok, batch_size=5).generate(
+        prompts(tok) * 8, SamplingParams(max_new_tokens=40), on_finished
+    )
+    ended = [i for i in range(len(r)) if not r.truncated[i]]
+    assert any(i >= 5 for i in ended)  # the chunk offset is exercised
+    assert sorted(heard) == ended
+    for i in ended:
+        assert heard[i] == r.response_ids[i, : int(r.lengths[i])].tolist()
+        assert heard[i][-1] == tok.eos_token_id
+
+
 def test_greedy_is_deterministic_and_independent_of_batch(tiny) -> None:
     model, tok = tiny
     engine = HFEngine(model, tok)

@@ -169,3 +169,60 @@ def test_update_metrics_do_not_depend_on_micro_batch_size(tmp_path, small_config
             assert metrics[key] == pytest.approx(1.0, abs=1e-6), key
         assert metrics["clipfrac_low"] == metrics["clipfrac_high"] == 0.0
     assert logged[3]["loss"] == pytest.approx(logged[64]["loss"], abs=1e-6)
+
+
+def test_responses_reach_prefetching_rewards_as_they_end(tmp_path, small_config) -> None:
+    """Each response that ends with EOS is handed to a reward's `prefetch` with its prompt,
+    the text the reward is later called with and its row's columns; truncated ones are not."""
+    import rewards_for_tests
+    from policyopt.trainer.rollout_phase import RolloutTimes, generate_and_score
+
+    trainer = Trainer(
+        small_config(
+            tmp_path,
+            "reward.functions=[{name: 'rewards_for_tests:digit_fraction_heard'}]",
+            "rollout.max_new_tokens=40",
+            steps=1,
+        )
+    )
+    assert trainer.reward_fn.can_prefetch
+    heard = rewards_for_tests.digit_fraction_heard.heard
+    heard.clear()
+    scored = generate_and_score(
+        rows=trainer.train_rows,
+        indices=[0, 1, 2, 3],
+        group_offset=0,
+        task=trainer.task,
+        tokenizer=trainer.tokenizer,
+        engine=trainer.engine,
+        reward_fn=trainer.reward_fn,
+        config=trainer.config,
+        times=RolloutTimes(),
+    )
+    trainer.close()
+    ended = [
+        (p, c, a)
+        for p, c, a, t in zip(
+            scored.prompts,
+            scored.completions,
+            scored.columns["answer"],
+            scored.rollouts.truncated.tolist(),
+            strict=True,
+        )
+        if not t
+    ]
+    assert ended and sorted(heard) == sorted(ended)
+    heard.clear()
+    trainer.config.reward.prefetch = False
+    generate_and_score(
+        rows=trainer.train_rows,
+        indices=[0, 1],
+        group_offset=0,
+        task=trainer.task,
+        tokenizer=trainer.tokenizer,
+        engine=trainer.engine,
+        reward_fn=trainer.reward_fn,
+        config=trainer.config,
+        times=RolloutTimes(),
+    )
+    assert heard == []  # reward.prefetch=false: scored at the end only

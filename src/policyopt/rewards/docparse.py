@@ -26,6 +26,7 @@ from policyopt.rewards.docparse_formula import (
     Judge,
     formula_reward,
     formula_rewards,
+    prefetch_formula_rewards,
 )
 from policyopt.rewards.docparse_table import table_reward, teds
 from policyopt.rewards.docparse_text import text_reward
@@ -104,7 +105,24 @@ def docparse_reward_function(
                 scores[i] = value
         return scores
 
+    def prefetch(prompts: list[Any], completions: list[Any], **columns: Any) -> None:
+        """Start the formula checks of these rows in the background (`RewardPipeline.prefetch`):
+        the later call finds them done. Text and tables are fast enough to score at the end."""
+        n = len(completions)
+        references = _column(columns, reference_column, n)
+        types = _column(columns, type_column, n) if kind == "auto" else [kind] * n
+        rows = [i for i in range(n) if types[i] == "formula"]
+        if rows:
+            prefetch_formula_rewards(
+                [_completion_text(completions[i], i) for i in rows],
+                [references[i] for i in rows],
+                judge=judge,
+                timeout_s=formula_timeout_s,
+            )
+
     reward.__name__ = "docparse" if kind == "auto" else f"docparse_{kind}"
+    if kind in ("auto", "formula"):
+        reward.prefetch = prefetch  # type: ignore[attr-defined]
     return reward
 
 

@@ -32,7 +32,10 @@ counts as not parsing and an equivalence check that times out as not equivalent.
 `formula_rewards` scores a batch (a training step's formulas): its distinct checks that are
 not in a bounded cache of earlier results run on one worker, or on up to `MAX_WORKERS` at
 once where cores are idle. A check's result does not depend on which worker ran it, nor on
-the batch it came in.
+the batch it came in. `prefetch_formula_rewards` queues checks to a background thread that
+runs them into the cache (while the trainer is still sampling the longer responses);
+`formula_rewards` first waits for that queue to empty, so it finds them there and its values
+are the same as without a prefetch.
 
 This module imports only the standard library and rapidfuzz at the top, so the worker can
 load it by path without importing the rest of the package.
@@ -103,6 +106,7 @@ def formula_rewards(
     refs = [normalise_latex(r) for r in references]
     # With a judge only the parse is checked here (ref None); the judge gives r_sem.
     keys = list(zip(preds, refs, strict=True)) if judge is None else [(p, None) for p in preds]
+    _wait_for_prefetch()
     checks = _checks(keys, timeout_s)
     rewards = []
     for i, (parsed, equivalent) in enumerate(checks):
@@ -116,6 +120,23 @@ def formula_rewards(
         r_struct = Levenshtein.normalized_similarity(preds[i], refs[i])
         rewards.append(min(1.0, SEMANTIC_WEIGHT * r_sem + STRUCTURE_WEIGHT * r_struct))
     return rewards
+
+
+def prefetch_formula_rewards(
+    predictions: Sequence[str],
+    references: Sequence[str],
+    judge: Judge | None = None,
+    timeout_s: float | None = DEFAULT_TIMEOUT_S,
+) -> None:
+    """Start the checks that `formula_rewards` with these arguments will need, in the
+    background; returns at once. Without a time limit (in-process checks) it does nothing."""
+    if timeout_s is None or not predictions:
+        return
+    keys = [
+        (normalise_latex(p), None if judge is not None else normalise_latex(r))
+        for p, r in zip(predictions, references, strict=True)
+    ]
+    _prefetcher().put((keys, timeout_s))
 
 
 def latex_parses(latex: str, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> bool:
@@ -181,6 +202,52 @@ def _checks(keys: list[Check], timeout_s: float | None) -> list[tuple[bool, bool
             while len(_cache) > CACHE_SIZE:
                 _cache.popitem(last=False)
     return [found[key] for key in keys]
+
+
+# The background prefetch: one daemon thread per process, fed batches of keys.
+_prefetch_queue: queue.Queue[tuple[list[Check], float]] | None = None
+_prefetch_pid: int | None = None
+_prefetch_lock = threading.Lock()
+
+
+def _prefetcher() -> queue.Queue[tuple[list[Check], float]]:
+    """This process's prefetch queue, with its thread started on first use (and anew in a
+    forked child, which inherits the queue but not the thread)."""
+    global _prefetch_queue, _prefetch_pid
+    with _prefetch_lock:
+        if _prefetch_queue is None or _prefetch_pid != os.getpid():
+            _prefetch_queue, _prefetch_pid = queue.Queue(), os.getpid()
+            threading.Thread(target=_prefetch_loop, args=(_prefetch_queue,), daemon=True).start()
+        return _prefetch_queue
+
+
+def _prefetch_loop(todo: queue.Queue[tuple[list[Check], float]]) -> None:
+    while True:
+        batches = [todo.get()]
+        while True:  # what queued up meanwhile goes to the workers as one batch
+            try:
+                batches.append(todo.get_nowait())
+            except queue.Empty:
+                break
+        by_timeout: dict[float, list[Check]] = {}
+        for keys, timeout_s in batches:
+            by_timeout.setdefault(timeout_s, []).extend(keys)
+        try:
+            for timeout_s, keys in by_timeout.items():
+                _checks(keys, timeout_s)
+        except Exception:  # noqa: S110 - the real call recomputes and raises it
+            pass
+        finally:
+            for _ in batches:
+                todo.task_done()
+
+
+def _wait_for_prefetch() -> None:
+    """Block until every queued prefetch has run (its results are then in the cache)."""
+    with _prefetch_lock:
+        current = _prefetch_queue if _prefetch_pid == os.getpid() else None
+    if current is not None:
+        current.join()
 
 
 # ---------------------------------------------------------------------------------------

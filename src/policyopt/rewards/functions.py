@@ -185,6 +185,26 @@ class RewardPipeline:
                 )
         return RewardResult(total=total, raw=raw, unparseable=unparseable)
 
+    @property
+    def can_prefetch(self) -> bool:
+        """Whether any function can start on completions early (`prefetch`)."""
+        return any(hasattr(fn, "prefetch") for _, fn, _ in self.functions)
+
+    def prefetch(
+        self, prompts: list[str], completions: list[str], columns: dict[str, list]
+    ) -> None:
+        """Hand finished completions to the functions that can start on them early (those
+        with a `prefetch(prompts, completions, **columns)` attribute, e.g. the DocPO formula
+        reward); a hint that changes no value. Errors are left for the real call to raise."""
+        for _, fn, _ in self.functions:
+            start = getattr(fn, "prefetch", None)
+            if start is None:
+                continue
+            try:
+                start(prompts, completions, **columns)
+            except Exception:  # noqa: S112 - __call__ reports it with the sample that fails
+                continue
+
     @staticmethod
     def _run(
         name: str,

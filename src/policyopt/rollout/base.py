@@ -16,6 +16,10 @@ import torch
 
 from policyopt.core.registry import Registry
 
+# on_finished(row, token_ids): a response ended (EOS), before `generate` returns; `row` is
+# its index in the prompts given to `generate`, `token_ids` the response with its EOS.
+FinishedFn = Callable[[int, list[int]], None]
+
 # name -> factory(model, tokenizer, **options) -> RolloutEngine
 ENGINES: Registry[Callable[..., RolloutEngine]] = Registry("rollout engine")
 
@@ -123,8 +127,18 @@ class RolloutEngine(ABC):
     """Samples responses for tokenised prompts."""
 
     @abstractmethod
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollouts:
-        """One response per entry of `prompts` (repeat a prompt G times for a group)."""
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        on_finished: FinishedFn | None = None,
+    ) -> Rollouts:
+        """One response per entry of `prompts` (repeat a prompt G times for a group).
+
+        `on_finished` is told of each response that ends with EOS as soon as it ends, so that
+        slow rewards can start while longer responses are still being sampled. It is a hint:
+        an engine that cannot stream may call it late or not at all, and the returned
+        rollouts are what count."""
 
     def sync_weights(self) -> None:  # noqa: B027 - engines sharing the policy need nothing
         """Called after each optimizer step; engines holding their own copy reload it."""

@@ -25,7 +25,14 @@ except ImportError:  # pragma: no cover - older transformers: the cache grows by
     DynamicLayer = None
 
 from policyopt.models.logprobs import cache_kwarg
-from policyopt.rollout.base import ENGINES, RolloutEngine, Rollouts, SamplingParams, concat_rollouts
+from policyopt.rollout.base import (
+    ENGINES,
+    FinishedFn,
+    RolloutEngine,
+    Rollouts,
+    SamplingParams,
+    concat_rollouts,
+)
 from policyopt.rollout.sampling import sample_next
 
 
@@ -72,24 +79,33 @@ class HFEngine(RolloutEngine):
         self._cache_kw = cache_kwarg(model)
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollouts:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        on_finished: FinishedFn | None = None,
+    ) -> Rollouts:
         if not prompts:
             raise ValueError("generate() got no prompts")
         parts = [
-            self._generate_batch(prompts[i : i + self.batch_size], params)
+            self._generate_batch(prompts[i : i + self.batch_size], params, _shifted(on_finished, i))
             for i in range(0, len(prompts), self.batch_size)
         ]
         return concat_rollouts(parts, self.pad_id)
 
-    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> Rollouts:
+    def _generate_batch(
+        self, prompts: list[list[int]], params: SamplingParams, on_finished: FinishedFn | None
+    ) -> Rollouts:
         was_training = self.model.training
         self.model.eval()
         try:
-            return self._sample(prompts, params)
+            return self._sample(prompts, params, on_finished)
         finally:
             self.model.train(was_training)
 
-    def _sample(self, prompts: list[list[int]], params: SamplingParams) -> Rollouts:
+    def _sample(
+        self, prompts: list[list[int]], params: SamplingParams, on_finished: FinishedFn | None
+    ) -> Rollouts:
         # Identical prompts (a group's G copies) are prefilled once; row r continues unique
         # prompt `copy[r]`, from a copy of its KV cache and last logits.
         unique: dict[tuple[int, ...], int] = {}
@@ -120,6 +136,7 @@ class HFEngine(RolloutEngine):
                 pos[on_device, -1:],
                 budget,
                 params,
+                on_finished,
             )
         return to_rollouts(prefix_ids[copy], prefix_mask[copy], decoded, hidden_steps)
 
@@ -131,10 +148,12 @@ class HFEngine(RolloutEngine):
         pos: torch.Tensor,
         budget: torch.Tensor,
         params: SamplingParams,
+        on_finished: FinishedFn | None = None,
     ) -> Decoded:
         """Sample from `logits` [n, V] (the prefill's last position) on, one forward per token
         with the KV `cache`, until every row hit EOS or its token `budget` [n]. `mask` is the
-        attention mask so far and `pos` [n, 1] each row's last position id."""
+        attention mask so far and `pos` [n, 1] each row's last position id; `on_finished`
+        (`RolloutEngine.generate`) hears of each row as it samples its EOS."""
         device = logits.device
         budget = budget.to(device)
         steps = int(budget.max())
@@ -161,6 +180,12 @@ class HFEngine(RolloutEngine):
             ents.append(ent)
             alive_steps.append(alive)
             ended = tok == self.eos_id
+            if on_finished is not None and (alive & ended).any():
+                rows = (alive & ended).nonzero().flatten()
+                for row, ids in zip(
+                    rows.tolist(), torch.stack(tokens, 1)[rows].tolist(), strict=True
+                ):
+                    on_finished(row, ids)
             finished = finished | (alive & ended)
             alive = alive & ~ended
             if not (alive & (step + 1 < budget)).any():
@@ -182,6 +207,13 @@ class HFEngine(RolloutEngine):
             mask=torch.stack(alive_steps, 1).float(),
             finished=finished,
         )
+
+
+def _shifted(on_finished: FinishedFn | None, offset: int) -> FinishedFn | None:
+    """`on_finished` for a chunk of the prompts that starts at `offset`."""
+    if on_finished is None or offset == 0:
+        return on_finished
+    return lambda row, token_ids: on_finished(row + offset, token_ids)
 
 
 @dataclass

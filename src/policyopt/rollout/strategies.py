@@ -4,7 +4,9 @@ A strategy turns tokenised prompts into responses: `parallel` samples G independ
 responses per prompt; DATPO's tree strategy forks branches from shared prefixes. A strategy
 may score partial results through the `score` callback (the tree needs V(root) before it
 decides how many branches to grow) and returns the rollouts with, for each row, the index
-of its prompt.
+of its prompt. It may pass responses on as they end through `on_finished(prompt_index,
+token_ids)` (so slow rewards can start early: `RolloutEngine.generate`); that is a hint the
+caller must not depend on.
 
 An annotator adds per-token structure computed at rollout time from what the behaviour
 policy recorded (HISPO's entropy segments) to `Rollouts.extras`; it stays fixed during the
@@ -19,11 +21,12 @@ from typing import Any
 import torch
 
 from policyopt.core.registry import Registry
-from policyopt.rollout.base import RolloutEngine, Rollouts, SamplingParams
+from policyopt.rollout.base import FinishedFn, RolloutEngine, Rollouts, SamplingParams
 
 # score(rollouts, prompt_index) -> rewards [N]
 ScoreFn = Callable[[Rollouts, torch.Tensor], torch.Tensor]
-# strategy(engine, prompts, params, *, group_size, score, **options) -> (rollouts, prompt_index)
+# strategy(engine, prompts, params, *, group_size, score, on_finished, **options)
+#   -> (rollouts, prompt_index)
 RolloutStrategy = Callable[..., tuple[Rollouts, torch.Tensor]]
 ROLLOUT_STRATEGIES: Registry[RolloutStrategy] = Registry("rollout strategy")
 
@@ -40,10 +43,15 @@ def parallel(
     *,
     group_size: int,
     score: ScoreFn | None = None,
+    on_finished: FinishedFn | None = None,
     **options: Any,
 ) -> tuple[Rollouts, torch.Tensor]:
     """G independent samples per prompt (GRPO and most methods)."""
     if options:
         raise TypeError(f"the parallel strategy takes no options, got {sorted(options)}")
-    rollouts = engine.generate([p for p in prompts for _ in range(group_size)], params)
+    rollouts = engine.generate(
+        [p for p in prompts for _ in range(group_size)],
+        params,
+        None if on_finished is None else lambda row, ids: on_finished(row // group_size, ids),
+    )
     return rollouts, torch.arange(len(prompts)).repeat_interleave(group_size)

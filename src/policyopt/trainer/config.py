@@ -99,6 +99,10 @@ class RewardConfig(Section):
     shapers: list[ShaperConfig] = []
     # A reward >= this counts as correct (accuracy, pass@k).
     correct_threshold: float = 1.0
+    # Hand each response to reward functions that can start early (a `prefetch` attribute,
+    # e.g. DocPO's formula checks) as soon as it ends, while longer ones are still sampled.
+    # Values are the same either way; false waits for the whole batch (to measure the gain).
+    prefetch: bool = True
 
 
 class AlgorithmConfig(Section):

@@ -11,6 +11,7 @@ import datasets
 import torch
 
 from policyopt.core.filters import GROUP_FILTERS
+from policyopt.rewards.functions import RewardPipeline
 from policyopt.rewards.overlong import overlong_penalty
 from policyopt.rewards.shaping import SHAPERS
 from policyopt.rollout.base import RolloutEngine, Rollouts, SamplingParams, concat_rollouts
@@ -80,7 +81,7 @@ def generate_and_score(
     task: Task,
     tokenizer: Any,
     engine: RolloutEngine,
-    reward_fn: Callable[..., Any],
+    reward_fn: RewardPipeline,
     config: Config,
     times: RolloutTimes,
 ) -> Scored:
@@ -100,6 +101,11 @@ def generate_and_score(
         result = reward_fn([texts[i] for i in idx], decode(tokenizer, rollouts), cols)
         return torch.as_tensor(result.total, dtype=torch.float32)
 
+    def on_finished(i: int, token_ids: list[int]) -> None:
+        """A response of prompt i ended: slow reward functions may start on it now."""
+        completion = tokenizer.decode(token_ids, skip_special_tokens=True)
+        reward_fn.prefetch([texts[i]], [completion], {c: [picked[i][c]] for c in picked[0]})
+
     t0 = time.perf_counter()
     strategy = ROLLOUT_STRATEGIES.get(config.rollout.strategy)
     rollouts, prompt_index = strategy(
@@ -108,6 +114,7 @@ def generate_and_score(
         params,
         group_size=config.rollout.group_size,
         score=score,
+        on_finished=on_finished if config.reward.prefetch and reward_fn.can_prefetch else None,
         **config.rollout.strategy_options,
     )
     for a in config.rollout.annotators:

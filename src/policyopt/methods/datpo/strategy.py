@@ -26,7 +26,13 @@ from torch import Tensor
 
 from policyopt.methods.datpo.budget import adaptive_budget
 from policyopt.methods.datpo.forks import candidate_scores, choose_forks
-from policyopt.rollout.base import RolloutEngine, Rollouts, SamplingParams, concat_rollouts
+from policyopt.rollout.base import (
+    FinishedFn,
+    RolloutEngine,
+    Rollouts,
+    SamplingParams,
+    concat_rollouts,
+)
 from policyopt.rollout.strategies import ROLLOUT_STRATEGIES, ScoreFn
 from policyopt.rollout.tree import sample_branches
 
@@ -47,9 +53,11 @@ def datpo_tree(
     k_max: int = K_MAX,
     b_max: int = B_MAX,
     fork_unit: str = "sentence",
+    on_finished: FinishedFn | None = None,
 ) -> tuple[Rollouts, Tensor]:
-    """Difficulty-adaptive tree rollouts; `group_size` is unused (module docstring)."""
-    del group_size
+    """Difficulty-adaptive tree rollouts; `group_size` is unused (module docstring), and so
+    is `on_finished`: the leaves are known only once the tree is grown."""
+    del group_size, on_finished
     if n_base < 1:
         raise ValueError(f"datpo_tree: n_base must be >= 1, got {n_base}")
     pad_id = int(engine.pad_id)  # type: ignore[attr-defined]
