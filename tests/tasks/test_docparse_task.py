@@ -17,7 +17,6 @@ from policyopt.tasks.docparse import (
     latex,
     make_element,
     ocr_noise,
-    pseudo_label,
     spoken,
     wrap,
 )
@@ -165,49 +164,34 @@ def test_options_are_checked():
         DocParseTask(train_size=-1)
     with pytest.raises(ValueError, match="split"):
         small().rows("test")
-    with pytest.raises(ValueError, match="pseudo_label_fraction"):
-        DocParseTask(pseudo_label_fraction=-0.1)
+    with pytest.raises(ValueError, match="ocr_text_fraction"):
+        DocParseTask(ocr_text_fraction=-0.1)
 
 
-# ------------------------------------------------------------------ pseudo-labels
+# ------------------------------------------------------------------ OCR-text labels
 
 
-def test_pseudo_labels_transcribe_the_scan_literally():
-    assert pseudo_label("text", "Thc scanner mergesall\nforms byhand.") == (
-        "Thc scanner mergesall forms byhand."
-    )
-    assert pseudo_label("text", "The scan-\nner") == "The scan- ner"  # hyphen kept
-    # The scan of the spanned table above, with noise: a blank place (covered by a rowspan)
-    # becomes an empty cell, the colspan cell one plain cell, OCR confusions stay.
-    assert pseudo_label("table", "id|kg\n7 |0k|12\n  | a|max") == (
-        "<table><tr><td>id</td><td>kg</td></tr><tr><td>7</td><td>0k</td><td>12</td></tr>"
-        "<tr><td></td><td>a</td><td>max</td></tr></table>"
-    )
-    assert pseudo_label("formula", "frac c ovcr t") == "frac c ovcr t"
-    with pytest.raises(ValueError, match="unknown element type"):
-        pseudo_label("image", "x")
-
-
-def test_pseudo_label_rows_keep_the_elements_and_change_only_the_sft_targets():
-    plain, mixed = small(), small(pseudo_label_fraction=0.4)
+def test_ocr_text_rows_keep_the_elements_and_imitate_their_scan():
+    plain, mixed = small(), small(ocr_text_fraction=0.4)
     for split in ("train", "eval"):
         a, b = plain.rows(split), mixed.rows(split)
         for column in ("prompt", "scan", "reference", "solution", "element_type", "level"):
             assert a[column] == b[column]
-        assert set(a["demo_style"]) == {"clean"}
+        assert set(a["demo_style"]) == {"markup"}
     rows = mixed.rows("train")
-    pseudo = [r for r in rows if r["demo_style"] == "pseudo"]
+    ocr_text = [r for r in rows if r["demo_style"] == "ocr_text"]
     # 90 draws at p = 0.4: within 4.5 standard deviations (4.6) of 36.
-    assert 15 < len(pseudo) < 57
-    for row in pseudo:
-        assert mixed.sft_targets(row) == [pseudo_label(row["element_type"], row["scan"])]
-        assert mixed.expert_solutions(row) == [row["reference"]]
-        # Every scan has at least one OCR event, so the literal transcription of a text or a
-        # formula is imperfect; a table's can be perfect when the noise only moved padding.
-        score = mixed.verify(mixed.sft_targets(row)[0], row)
-        assert score < 1.0 if row["element_type"] != "table" else score <= 1.0
-    clean = next(r for r in rows if r["demo_style"] == "clean")
-    assert mixed.sft_targets(clean) == [clean["reference"]]
+    assert 15 < len(ocr_text) < 57
+    for row in ocr_text:
+        assert mixed.sft_targets(row) == [row["scan"]]
+        assert mixed.expert_solutions(row) == [row["reference"]]  # GAR/DATPO anchors
+        score = mixed.verify(row["scan"], row)
+        if row["element_type"] == "table":
+            assert score == 0.0  # no <table>: the table reward's convention
+        else:
+            assert score < 1.0  # every scan has at least one OCR event
+    markup = next(r for r in rows if r["demo_style"] == "markup")
+    assert mixed.sft_targets(markup) == [markup["reference"]]
 
 
 # ------------------------------------------------------------------ the verifier

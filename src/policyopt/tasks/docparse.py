@@ -29,19 +29,19 @@ Confusions never touch a formula's symbols or numbers (only its spoken words), w
 would make the target unrecoverable. Every scan has at least one event, so it differs from
 its plain rendering.
 
-Pseudo-labels (`pseudo_label_fraction`): document corpora are often labelled by running an
-OCR engine, whose output transcribes what it reads. A row drawn as `pseudo` (its `demo_style`)
-is warm-started on that literal transcription of its scan (`pseudo_label`) instead of the
-clean target: a text block's lines joined with spaces, OCR noise kept; a table's scan lines
-split at `|` into cells, noise kept and spans lost (a blank place becomes an empty cell); a
-formula's words as read aloud, not converted to LaTeX. The rewards still compare with the
-clean reference, so a warm start on the mix holds two behaviours, transcribe or convert, and
-RL can choose between them. The elements, scans and references do not depend on the fraction
-(`demo_style` has its own random stream).
+OCR-text labels (`ocr_text_fraction`): in document corpora, many pages carry only the text
+layer an OCR engine read, not structured markup. A row drawn as `ocr_text` (its `demo_style`)
+is warm-started on that text, which is its scan as it stands (line breaks, OCR noise, `|`
+columns, formulas in words), instead of the markup. The rewards still compare with the
+markup, under which the raw text of a table or a formula scores (nearly) 0 and that of a text
+block loses its line breaks, hyphens and noise. So a warm start on the mix holds two
+behaviours, copy the text layer or convert to markup, and RL can choose between them. The
+elements, scans and references do not depend on the fraction (`demo_style` has its own
+random stream).
 
 Rows: `prompt` (what `format_prompt` builds), `scan`, `reference` (target markup),
 `solution` (= reference: the expert solution), `element_type`, `level` and `demo_style`
-(`clean` or `pseudo`: what SFT imitates, `sft_targets`). The eval split is drawn
+(`markup` or `ocr_text`: what SFT imitates, `sft_targets`). The eval split is drawn
 first from its own random stream with distinct (type, reference) pairs; the train split from
 another stream skips every eval pair, so no target appears in both, and the eval split does
 not depend on `train_size`. Row i has type `types[i % T]` and level
@@ -474,22 +474,6 @@ def make_element(rng: random.Random, element_type: str, level: int) -> tuple[str
     return reference, plain, scan
 
 
-def pseudo_label(element_type: str, scan: str) -> str:
-    """An OCR engine's literal transcription of `scan` in the type's output format (module
-    doc): noise kept, table spans lost, formulas left as read aloud."""
-    if element_type == "text":
-        return " ".join(scan.split("\n"))
-    if element_type == "table":
-        rows = (
-            "<tr>" + "".join(f"<td>{cell.strip()}</td>" for cell in line.split("|")) + "</tr>"
-            for line in scan.split("\n")
-        )
-        return "<table>" + "".join(rows) + "</table>"
-    if element_type == "formula":
-        return scan
-    raise ValueError(f"pseudo_label: unknown element type {element_type!r}")
-
-
 def render_prompt(element_type: str, scan: str) -> str:
     """The policy's input: `SCAN[table]:\\n<scan>\\nMARKUP:\\n`."""
     return PROMPT_TEMPLATE.format(element_type=element_type, scan=scan)
@@ -517,7 +501,7 @@ class DocParseTask(Task):
         eval_size: int = 300,
         levels: Sequence[int] = LEVELS,
         types: Sequence[str] = ELEMENT_TYPES,
-        pseudo_label_fraction: float = 0.0,
+        ocr_text_fraction: float = 0.0,
     ) -> None:
         if not levels or any(k not in LEVELS for k in levels):
             raise ValueError(
@@ -531,13 +515,12 @@ class DocParseTask(Task):
             raise ValueError(
                 f"docparse task: sizes must be >= 0, got train_size={train_size}, eval_size={eval_size}"
             )
-        if not 0.0 <= pseudo_label_fraction <= 1.0:
+        if not 0.0 <= ocr_text_fraction <= 1.0:
             raise ValueError(
-                "docparse task: pseudo_label_fraction must be in [0, 1], got "
-                f"{pseudo_label_fraction!r}"
+                f"docparse task: ocr_text_fraction must be in [0, 1], got {ocr_text_fraction!r}"
             )
         self.seed = seed
-        self.pseudo_label_fraction = float(pseudo_label_fraction)
+        self.ocr_text_fraction = float(ocr_text_fraction)
         self.train_size = train_size
         self.eval_size = eval_size
         self.levels = [int(k) for k in levels]
@@ -563,7 +546,7 @@ class DocParseTask(Task):
         """`size` rows of `split` from its own random stream: distinct (type, reference)
         pairs with `exclude` None (eval), otherwise any pair not in `exclude` (train)."""
         rng = random.Random(f"docparse-{self.seed}-{split}")  # str seeds hash with SHA-512
-        # Its own stream, so that the elements do not depend on pseudo_label_fraction.
+        # Its own stream, so that the elements do not depend on ocr_text_fraction.
         style_rng = random.Random(f"docparse-{self.seed}-{split}-demo")
         seen: set[tuple[str, str]] = set() if exclude is None else exclude
         out: dict[str, list] = {
@@ -594,7 +577,7 @@ class DocParseTask(Task):
                 continue
             if exclude is None:
                 seen.add((element_type, reference))
-            pseudo = style_rng.random() < self.pseudo_label_fraction
+            ocr_text = style_rng.random() < self.ocr_text_fraction
             for key, value in (
                 ("prompt", render_prompt(element_type, scan)),
                 ("scan", scan),
@@ -602,16 +585,16 @@ class DocParseTask(Task):
                 ("solution", reference),
                 ("element_type", element_type),
                 ("level", level),
-                ("demo_style", "pseudo" if pseudo else "clean"),
+                ("demo_style", "ocr_text" if ocr_text else "markup"),
             ):
                 out[key].append(value)
         return out
 
     def sft_targets(self, row: dict[str, Any]) -> list[str]:
-        """The clean target markup, or for a `pseudo` row the OCR engine's literal
-        transcription of its scan (`pseudo_label_fraction`, module doc)."""
-        if row.get("demo_style") == "pseudo":
-            return [pseudo_label(row["element_type"], row["scan"])]
+        """The target markup, or for an `ocr_text` row its scan as it stands: the page's OCR
+        text layer (`ocr_text_fraction`, module doc)."""
+        if row.get("demo_style") == "ocr_text":
+            return [row["scan"]]
         return self.expert_solutions(row)
 
     def format_prompt(self, row: dict[str, Any]) -> str:
