@@ -74,12 +74,18 @@ def test_compare_table_over_seeds(tmp_path, monkeypatch) -> None:
                 "2",
                 "--output-dir",
                 str(out),
+                "--reach",
+                "reward/mean=-1",
+                "--reach-window",
+                "1",
                 *TINY,
             ]
         )
         == 0
     )
     result = json.loads((out / "compare.json").read_text())
+    # Every run's first logged step already has a reward above -1.
+    assert result["rows"][0]["steps to reward/mean >= -1 (1-step mean)"] == [1.0, 0.0]
     methods = [r["method"] for r in result["rows"]]
     assert methods == ["grpo", "dr_grpo"]
     row = result["rows"][0]
@@ -91,6 +97,25 @@ def test_compare_table_over_seeds(tmp_path, monkeypatch) -> None:
     assert half == pytest.approx(12.706 * sd / 2**0.5, rel=1e-3)
     assert (out / "compare.md").read_text().count("|") > 10
     assert (out / "compare.png").exists()
+
+
+def test_steps_to_reach_a_threshold_by_hand() -> None:
+    from policyopt.cli.compare import parse_reach, reach_summary, steps_to_reach
+
+    records = [{"step": s, "r": v} for s, v in enumerate([0.1, 0.5, 0.2, 0.6, 0.7, 0.1], 1)]
+    records.insert(2, {"step": 99})  # a record without the metric does not count
+    # Trailing 2-step means: -, 0.30, 0.35, 0.40, 0.65 (step 5), 0.40.
+    assert steps_to_reach(records, "r", 0.6, window=2) == 5
+    assert steps_to_reach(records, "r", 0.5, window=1) == 2
+    assert steps_to_reach(records, "r", 0.9, window=2) is None
+    assert parse_reach("reward/docparse=0.45") == ("reward/docparse", 0.45)
+    for bad in ("reward", "=0.4", "r=x", "r=nan"):
+        with pytest.raises(ValueError, match="METRIC=VALUE"):
+            parse_reach(bad)
+    # sd = 10 / sqrt(2); half-width = t(1 df) * sd / sqrt(2) = 12.706 * 5.
+    assert reach_summary([10, 20]) == pytest.approx((15.0, 12.706 * 5), rel=1e-3)
+    assert reach_summary([10, None, 20]) == "15.0 over 2/3 runs; the rest never"
+    assert reach_summary([None]) == "not reached (0/1)"
 
 
 def test_compare_keeps_the_metrics_every_run_has() -> None:

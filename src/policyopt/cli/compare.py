@@ -23,6 +23,14 @@ def add_compare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--samples", type=int, default=8, help="samples per held-out problem (pass@k)")
     p.add_argument("--output-dir", default="runs/compare")
+    p.add_argument(
+        "--reach",
+        default=None,
+        metavar="METRIC=VALUE",
+        help="also report the first RL step at which the moving average of a logged training "
+        "metric (metrics.jsonl) reaches VALUE, e.g. reward/docparse=0.45",
+    )
+    p.add_argument("--reach-window", type=int, default=10, help="steps in that moving average")
     p.set_defaults(func=run_compare, overrides=[])
 
 
@@ -34,7 +42,11 @@ def run_compare(args: argparse.Namespace) -> int:
     names = [r for r in args.recipes if "=" not in r]
     overrides = [r for r in args.recipes if "=" in r] + args.overrides
     root = Path(args.output_dir)
+    reach = parse_reach(args.reach) if args.reach else None
+    if args.reach_window < 1:
+        raise ValueError(f"--reach-window must be >= 1, got {args.reach_window}")
     runs: dict[str, list[dict[str, Any]]] = {}
+    reached: dict[str, list[int | None]] = {}
     for name in names:
         for seed in range(args.seeds):
             out = root / name / f"seed-{seed}"
@@ -46,13 +58,69 @@ def run_compare(args: argparse.Namespace) -> int:
                 name, [*overrides, f"eval.samples={args.samples}"], str(out), seed
             )
             runs.setdefault(name, []).append(run_pipeline(config, console))
+    for name in names:
+        for seed in range(args.seeds):
+            if reach is not None:
+                records = read_metrics(root / name / f"seed-{seed}" / "metrics.jsonl")
+                step = steps_to_reach(records, *reach, window=args.reach_window)
+                reached.setdefault(name, []).append(step)
     rows = summarise(runs)
+    if reach is not None:
+        column = f"steps to {reach[0]} >= {reach[1]:g} ({args.reach_window}-step mean)"
+        for row in rows:
+            row[column] = reach_summary(reached[row["method"]])
     (root / "compare.json").write_text(json.dumps({"rows": rows, "runs": runs}, indent=2))
     (root / "compare.md").write_text(markdown_table(rows, args.seeds))
     plot_compare(rows, runs, root / "compare.png")
     console.print(rich_table(rows, args.seeds))
     console.print(f"table: {root / 'compare.md'}  plot: {root / 'compare.png'}")
     return 0
+
+
+def parse_reach(spec: str) -> tuple[str, float]:
+    """`METRIC=VALUE` -> (metric, value)."""
+    metric, sep, value = spec.rpartition("=")
+    try:
+        threshold = float(value)
+    except ValueError:
+        threshold = math.nan
+    if not sep or not metric or not math.isfinite(threshold):
+        raise ValueError(
+            f"--reach wants METRIC=VALUE with a number, e.g. reward/mean=0.5; got {spec!r}"
+        )
+    return metric, threshold
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        raise FileNotFoundError(f"--reach needs the run's training log {path}")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def steps_to_reach(
+    records: list[dict[str, Any]], metric: str, value: float, window: int = 10
+) -> int | None:
+    """The first step whose trailing `window`-step mean of `metric` is >= `value` (only
+    steps that logged it count), or None if the run never got there."""
+    seen: list[float] = []
+    for record in records:
+        if metric not in record:
+            continue
+        seen.append(float(record[metric]))
+        if len(seen) >= window and sum(seen[-window:]) / window >= value:
+            return int(record["step"])
+    return None
+
+
+def reach_summary(steps: list[int | None]) -> tuple[float, float] | str:
+    """Mean and CI of the steps when every run reached the threshold; otherwise a note with
+    the runs that did (their mean) and how many did not."""
+    done = [s for s in steps if s is not None]
+    if len(done) == len(steps):
+        return mean_ci([float(s) for s in done])
+    if not done:
+        return f"not reached (0/{len(steps)})"
+    return f"{sum(done) / len(done):.1f} over {len(done)}/{len(steps)} runs; the rest never"
 
 
 def mean_ci(values: list[float]) -> tuple[float, float]:
@@ -91,7 +159,9 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return rows
 
 
-def _fmt(v: tuple[float, float]) -> str:
+def _fmt(v: tuple[float, float] | str) -> str:
+    if isinstance(v, str):
+        return v
     mean, half = v
     return f"{mean:.3f} ± {half:.3f}" if math.isfinite(half) else f"{mean:.3f}"
 
