@@ -163,6 +163,32 @@ def test_bench_json(tmp_path) -> None:
     assert report["peak_rss_mb"] > 0
 
 
+def test_bench_arms_carry_their_own_overrides() -> None:
+    from policyopt.cli.bench import bench_config, split_arm
+
+    assert split_arm("grpo") == ("grpo", [])
+    assert split_arm("docpo+reward.prefetch=false+optim.lr=1e+5") == (
+        "docpo",
+        ["reward.prefetch=false", "optim.lr=1e+5"],
+    )
+    with pytest.raises(ValueError, match="not KEY=VALUE"):
+        split_arm("grpo+oops")
+    settings = {
+        "prompts_per_step": 2,
+        "group_size": 4,
+        "max_new_tokens": 8,
+        "lr": 1e-5,
+        "model": "tiny",
+        "temperature": 1.0,
+    }
+    common = ["reward.prefetch=true", "train.seed=3"]
+    plain = bench_config("docpo", settings, 2, common, "out")
+    arm = bench_config("docpo+reward.prefetch=false+train.seed=1", settings, 2, common, "out")
+    assert plain.reward.prefetch and plain.train.seed == 3
+    assert not arm.reward.prefetch and arm.train.seed == 1  # the arm's own come last
+    assert arm.algorithm.group_filter == "docpo"
+
+
 def test_bench_from_a_saved_model_dir(tmp_path) -> None:
     """`--model DIR` starts every method from a saved model (here the tiny one, saved as an
     SFT or training checkpoint would be); the report says how many rollouts were correct."""

@@ -1,5 +1,10 @@
 """`policyopt bench`: step time of methods side by side in one process (and TRL's).
 
+An arm is a preset name, optionally with overrides of its own after `+`:
+`--algos docpo,docpo+reward.prefetch=false+train.seed=1` times DocPO with and without the
+early start of its rewards (a different seed, so that the second arm does not find the
+first one's rollouts already scored in the reward's cache).
+
 Every method runs on the same model, prompts, group size, lengths and optimizer. Their steps
 are interleaved (round 1: A then B; round 2: B then A; ...), each trainer with its own RNG
 state, so that every method samples what it would alone while load drift on a shared machine
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import resource
 import statistics
 import tempfile
@@ -37,7 +43,12 @@ if TYPE_CHECKING:
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="step time of methods (and TRL) side by side")
-    p.add_argument("--algos", default="grpo", help="comma-separated presets, e.g. grpo,dapo")
+    p.add_argument(
+        "--algos",
+        default="grpo",
+        help="comma-separated arms: presets, each with optional +KEY=VALUE overrides of its "
+        "own, e.g. grpo,dapo or docpo,docpo+reward.prefetch=false",
+    )
     p.add_argument("--against", choices=["trl"], default=None, help="also time TRL's GRPOTrainer")
     p.add_argument("--steps", type=int, default=5, help="measured steps (after one warm-up)")
     p.add_argument("--prompts", type=int, default=8, help="prompts per step")
@@ -66,16 +77,28 @@ def bench_settings(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def split_arm(arm: str) -> tuple[str, list[str]]:
+    """`preset+KEY=VALUE+...` -> (preset, overrides); a `+` inside a value (`1e+5`) that is
+    not followed by a letter stays in the value."""
+    preset, *overrides = re.split(r"\+(?=[A-Za-z_])", arm)
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"bench arm {arm!r}: {item!r} is not KEY=VALUE")
+    return preset, overrides
+
+
 def bench_config(
     algo: str, settings: dict[str, Any], steps: int, overrides: list[str], out: str
 ) -> Config:
-    """The training config of one method under the bench settings."""
+    """The training config of one arm (`split_arm`) under the bench settings; the arm's own
+    overrides come last."""
     from policyopt.trainer.config import load_config
 
+    preset, own = split_arm(algo)
     return load_config(
         None,
         [
-            f"algorithm.name={algo}",
+            f"algorithm.name={preset}",
             f"model.name_or_path={settings['model']}",
             f"rollout.prompts_per_step={settings['prompts_per_step']}",
             f"rollout.group_size={settings['group_size']}",
@@ -90,6 +113,7 @@ def bench_config(
             "train.log_samples=0",
             "train.micro_batch_size=64",
             *overrides,
+            *own,
         ],
     )
 
@@ -106,7 +130,7 @@ def time_policyopt(
         trainers, rng = {}, {}
         for algo in algos:  # each Trainer seeds the global RNGs: keep its state apart
             trainers[algo] = Trainer(
-                bench_config(algo, settings, steps, overrides, f"{root}/{algo}")
+                bench_config(algo, settings, steps, overrides, f"{root}/{len(trainers)}")
             )
             rng[algo] = rng_state()
         for round_ in range(steps + 1):
