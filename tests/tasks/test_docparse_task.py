@@ -17,6 +17,7 @@ from policyopt.tasks.docparse import (
     latex,
     make_element,
     ocr_noise,
+    output_style,
     spoken,
     wrap,
 )
@@ -192,6 +193,19 @@ def test_ocr_text_rows_keep_the_elements_and_imitate_their_scan():
             assert score < 1.0  # every scan has at least one OCR event
     markup = next(r for r in rows if r["demo_style"] == "markup")
     assert mixed.sft_targets(markup) == [markup["reference"]]
+
+
+def test_output_style_tells_copied_text_layers_from_markup():
+    task = small(seed=3, levels=[2, 3])  # text blocks of levels 2-3 are wrapped
+    for row in task.rows("train"):
+        t = row["element_type"]
+        assert output_style(t, row["reference"]) == "markup", row
+        assert output_style(t, row["scan"]) == "ocr_text", row
+    assert output_style("formula", "pIus x") == "ocr_text"  # a word garbled by OCR
+    assert output_style("formula", r"\alpha x^{2}+xy") == "markup"
+    assert output_style("table", "<TABLE><tr>") == "markup"
+    with pytest.raises(ValueError, match="unknown element type"):
+        output_style("image", "x")
 
 
 # ------------------------------------------------------------------ the verifier

@@ -3,7 +3,8 @@
 import pytest
 
 from policyopt.tasks import get_task
-from policyopt.trainer.evaluate import grouped_scores
+from policyopt.tasks.base import Task
+from policyopt.trainer.evaluate import grouped_scores, style_shares
 
 
 def test_grouped_scores_by_level() -> None:
@@ -15,3 +16,36 @@ def test_grouped_scores_by_level() -> None:
     assert out["eval/level_1/reward"] == 0.5
     assert out["eval/level_2/accuracy"] == pytest.approx(2 / 3)
     assert out["eval/level_2/reward"] == pytest.approx(2.5 / 3)
+
+
+def test_style_shares_overall_and_per_group() -> None:
+    task = get_task("docparse", train_size=10, eval_size=10)
+    rows = [
+        {"element_type": "table"},
+        {"element_type": "table"},
+        {"element_type": "formula"},
+        {"element_type": "formula"},
+    ]
+    texts = ["<table><tr></tr></table>", "a|b", "frac a over b", r"\frac{a}{b}"]
+    out = style_shares(task, rows, texts)
+    assert out == {
+        "eval/style/markup": 0.5,
+        "eval/style/ocr_text": 0.5,
+        "eval/element_type_formula/style/markup": 0.5,
+        "eval/element_type_formula/style/ocr_text": 0.5,
+        "eval/element_type_table/style/markup": 0.5,
+        "eval/element_type_table/style/ocr_text": 0.5,
+    }
+    arithmetic = get_task("arithmetic", train_size=10, eval_size=10)
+    shares = style_shares(arithmetic, [{"level": 1}] * 4, ["A:3", "1+2=3. A:3", "A:4", "A:5"])
+    assert shares["eval/style/terse"] == 0.75
+    assert shares["eval/level_1/style/worked"] == 0.25
+
+    class NoStyles(Task):
+        def rows(self, split):
+            raise NotImplementedError
+
+        def verify(self, completion, row):
+            return 0.0
+
+    assert style_shares(NoStyles(), [{}], ["x"]) == {}  # no styles: nothing reported

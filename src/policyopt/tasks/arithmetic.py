@@ -187,6 +187,10 @@ class ArithmeticTask(Task):
             return [f"A:{row[self.answer_column]}"]
         return self.expert_solutions(row)
 
+    def output_style(self, completion: str, row: dict[str, Any]) -> str:
+        """ "terse" or "worked" (`solution_style`)."""
+        return solution_style(completion)
+
     def format_prompt(self, row: dict[str, Any]) -> str:
         """`Q:((7+12)-5)+9=?\\n`: the model continues with the solution, then EOS."""
         return f"Q:{row[self.prompt_column]}\n"

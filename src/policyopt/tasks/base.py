@@ -47,6 +47,11 @@ class Task(ABC):
         """The final answer in a completion, for maj@k; None if there is none."""
         return None
 
+    def output_style(self, completion: str, row: dict[str, Any]) -> str | None:
+        """The kind of answer a completion gives, for tasks whose warm start mixes kinds
+        (evaluation reports each kind's share); None for tasks that do not tell kinds apart."""
+        return None
+
     def expert_solutions(self, row: dict[str, Any]) -> list[str]:
         """Expert step-by-step solutions of a row (GAR anchors, SFT targets, DATPO forks)."""
         if self.solution_column is None or self.solution_column not in row:

@@ -474,6 +474,25 @@ def make_element(rng: random.Random, element_type: str, level: int) -> tuple[str
     return reference, plain, scan
 
 
+# A word of 3+ letters that is not a LaTeX command: targets have only one- and two-letter
+# symbol runs (`xy`), spoken scans always words (`plus`, `over`, also when OCR garbled them).
+_SPOKEN_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")
+
+
+def output_style(element_type: str, completion: str) -> str:
+    """ "ocr_text" for a completion that copies the text layer rather than converting it
+    (a table without `<table`, a formula with a word of 3+ letters that is not a LaTeX
+    command, such as `over` or a garbled `pIus`, a text block that keeps the scan's line breaks), else
+    "markup"; what the `ocr_text_fraction` warm start mixes and RL chooses between."""
+    if element_type == "table":
+        return "markup" if "<table" in completion.lower() else "ocr_text"
+    if element_type == "formula":
+        return "ocr_text" if _SPOKEN_WORD.search(completion) else "markup"
+    if element_type == "text":
+        return "ocr_text" if "\n" in completion.strip() else "markup"
+    raise ValueError(f"output_style: unknown element type {element_type!r}")
+
+
 def render_prompt(element_type: str, scan: str) -> str:
     """The policy's input: `SCAN[table]:\\n<scan>\\nMARKUP:\\n`."""
     return PROMPT_TEMPLATE.format(element_type=element_type, scan=scan)
@@ -596,6 +615,10 @@ class DocParseTask(Task):
         if row.get("demo_style") == "ocr_text":
             return [row["scan"]]
         return self.expert_solutions(row)
+
+    def output_style(self, completion: str, row: dict[str, Any]) -> str:
+        """ "markup" or "ocr_text" (the module's `output_style`)."""
+        return output_style(row["element_type"], completion)
 
     def format_prompt(self, row: dict[str, Any]) -> str:
         """`SCAN[<type>]:\\n<scan>\\nMARKUP:\\n`; the model continues with the markup, then

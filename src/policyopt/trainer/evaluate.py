@@ -33,6 +33,7 @@ def evaluate(
     out = {"eval/accuracy": sum(s >= 1.0 for s in scores) / len(scores)}
     out["eval/reward"] = sum(scores) / len(scores)
     out.update(grouped_scores(task, picked, scores))
+    out.update(style_shares(task, picked, texts))
     if samples <= 0:
         return out
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
@@ -59,6 +60,26 @@ def evaluate(
 def eval_rows(task: Task, size: int) -> datasets.Dataset:
     rows = task.rows("eval")
     return rows.select(range(min(size, len(rows)))) if size else rows
+
+
+def style_shares(task: Task, rows: list[dict[str, Any]], texts: list[str]) -> dict[str, float]:
+    """Share of greedy answers of each `Task.output_style`, overall (`eval/style/<s>`) and
+    per value of the `eval_group_column` (`eval/<group>/style/<s>`); {} if the task has no
+    styles. Every style seen anywhere is reported everywhere (0 where absent)."""
+    styles = [task.output_style(t, row) for t, row in zip(texts, rows, strict=True)]
+    if all(s is None for s in styles):
+        return {}
+    kinds = sorted({str(s) for s in styles})
+    groups: dict[str, list[str]] = {"": [str(s) for s in styles]}
+    column = task.eval_group_column
+    if column is not None:
+        for row, style in zip(rows, styles, strict=True):
+            groups.setdefault(f"{column}_{row[column]}/", []).append(str(style))
+    return {
+        f"eval/{name}style/{kind}": members.count(kind) / len(members)
+        for name, members in sorted(groups.items())
+        for kind in kinds
+    }
 
 
 def grouped_scores(task: Task, rows: list[dict[str, Any]], scores: list[float]) -> dict[str, float]:
