@@ -40,6 +40,8 @@ def test_style_shares_overall_and_per_group() -> None:
     shares = style_shares(arithmetic, [{"level": 1}] * 4, ["A:3", "1+2=3. A:3", "A:4", "A:5"])
     assert shares["eval/style/terse"] == 0.75
     assert shares["eval/level_1/style/worked"] == 0.25
+    # Every style of the task is reported, also one no answer has (stable keys for tables).
+    assert style_shares(task, rows[:1], texts[:1])["eval/style/ocr_text"] == 0.0
 
     class NoStyles(Task):
         def rows(self, split):
@@ -49,3 +51,12 @@ def test_style_shares_overall_and_per_group() -> None:
             return 0.0
 
     assert style_shares(NoStyles(), [{}], ["x"]) == {}  # no styles: nothing reported
+
+    class Odd(NoStyles):
+        styles = ("a",)
+
+        def output_style(self, completion, row):
+            return "b"
+
+    with pytest.raises(ValueError, match=r"output styles \['b'\] not in \('a',\)"):
+        style_shares(Odd(), [{}], ["x"])

@@ -89,6 +89,7 @@ class ArithmeticTask(Task):
     answer_column = "answer"
     solution_column = "solution"
     eval_group_column = "level"
+    styles = ("terse", "worked")
 
     def __init__(
         self,

@@ -29,6 +29,9 @@ class Task(ABC):
     # Evaluation also reports accuracy and mean reward per value of this column (e.g. the
     # difficulty level, or DocPO's element type); None for none.
     eval_group_column: str | None = None
+    # The kinds of answer `output_style` tells apart (evaluation reports each one's share);
+    # empty for tasks that do not.
+    styles: tuple[str, ...] = ()
 
     @abstractmethod
     def rows(self, split: str) -> datasets.Dataset:
@@ -48,8 +51,8 @@ class Task(ABC):
         return None
 
     def output_style(self, completion: str, row: dict[str, Any]) -> str | None:
-        """The kind of answer a completion gives, for tasks whose warm start mixes kinds
-        (evaluation reports each kind's share); None for tasks that do not tell kinds apart."""
+        """The kind of answer (one of `styles`) a completion gives, for tasks whose warm
+        start mixes kinds; None for tasks that do not tell kinds apart."""
         return None
 
     def expert_solutions(self, row: dict[str, Any]) -> list[str]:

@@ -512,6 +512,7 @@ class DocParseTask(Task):
     answer_column = "reference"
     solution_column = "solution"
     eval_group_column = "element_type"
+    styles = ("markup", "ocr_text")
 
     def __init__(
         self,

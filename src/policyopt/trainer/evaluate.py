@@ -63,22 +63,24 @@ def eval_rows(task: Task, size: int) -> datasets.Dataset:
 
 
 def style_shares(task: Task, rows: list[dict[str, Any]], texts: list[str]) -> dict[str, float]:
-    """Share of greedy answers of each `Task.output_style`, overall (`eval/style/<s>`) and
-    per value of the `eval_group_column` (`eval/<group>/style/<s>`); {} if the task has no
-    styles. Every style seen anywhere is reported everywhere (0 where absent)."""
-    styles = [task.output_style(t, row) for t, row in zip(texts, rows, strict=True)]
-    if all(s is None for s in styles):
+    """Share of greedy answers of each of the task's `styles` (`Task.output_style`), overall
+    (`eval/style/<s>`) and per value of the `eval_group_column` (`eval/<group>/style/<s>`);
+    {} for a task without styles."""
+    if not task.styles:
         return {}
-    kinds = sorted({str(s) for s in styles})
-    groups: dict[str, list[str]] = {"": [str(s) for s in styles]}
+    styles = [task.output_style(t, row) for t, row in zip(texts, rows, strict=True)]
+    unknown = sorted({str(s) for s in styles} - set(task.styles))
+    if unknown:
+        raise ValueError(f"task {task.name!r}: output styles {unknown} not in {task.styles}")
+    groups: dict[str, list[str | None]] = {"": styles}
     column = task.eval_group_column
     if column is not None:
         for row, style in zip(rows, styles, strict=True):
-            groups.setdefault(f"{column}_{row[column]}/", []).append(str(style))
+            groups.setdefault(f"{column}_{row[column]}/", []).append(style)
     return {
         f"eval/{name}style/{kind}": members.count(kind) / len(members)
         for name, members in sorted(groups.items())
-        for kind in kinds
+        for kind in task.styles
     }
 
 
