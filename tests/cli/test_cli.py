@@ -108,7 +108,10 @@ def test_steps_to_reach_a_threshold_by_hand() -> None:
     assert steps_to_reach(records, "r", 0.6, window=2) == 5
     assert steps_to_reach(records, "r", 0.5, window=1) == 2
     assert steps_to_reach(records, "r", 0.9, window=2) is None
-    assert parse_reach("reward/docparse=0.45") == ("reward/docparse", 0.45)
+    # Relative: the first 2-step mean is 0.30, so +0.09 needs 0.39 (step 4; 0.35 at step 3).
+    assert steps_to_reach(records, "r", 0.09, relative=True, window=2) == 4
+    assert parse_reach("reward/docparse=0.45") == ("reward/docparse", 0.45, False)
+    assert parse_reach("reward/docparse=+0.05") == ("reward/docparse", 0.05, True)
     for bad in ("reward", "=0.4", "r=x", "r=nan"):
         with pytest.raises(ValueError, match="METRIC=VALUE"):
             parse_reach(bad)

@@ -28,7 +28,9 @@ def add_compare(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="METRIC=VALUE",
         help="also report the first RL step at which the moving average of a logged training "
-        "metric (metrics.jsonl) reaches VALUE, e.g. reward/docparse=0.45",
+        "metric (metrics.jsonl) reaches VALUE, e.g. reward/docparse=0.45; +VALUE: a rise by "
+        "VALUE over the run's first moving average (runs that start apart), e.g. "
+        "reward/docparse=+0.05",
     )
     p.add_argument("--reach-window", type=int, default=10, help="steps in that moving average")
     p.set_defaults(func=run_compare, overrides=[])
@@ -66,7 +68,9 @@ def run_compare(args: argparse.Namespace) -> int:
                 reached.setdefault(name, []).append(step)
     rows = summarise(runs)
     if reach is not None:
-        column = f"steps to {reach[0]} >= {reach[1]:g} ({args.reach_window}-step mean)"
+        metric, value, relative = reach
+        target = f"first mean {value:+g}" if relative else f"{value:g}"
+        column = f"steps to {metric} >= {target} ({args.reach_window}-step mean)"
         for row in rows:
             row[column] = reach_summary(reached[row["method"]])
     (root / "compare.json").write_text(json.dumps({"rows": rows, "runs": runs}, indent=2))
@@ -77,9 +81,10 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_reach(spec: str) -> tuple[str, float]:
-    """`METRIC=VALUE` -> (metric, value)."""
+def parse_reach(spec: str) -> tuple[str, float, bool]:
+    """`METRIC=VALUE` -> (metric, value, False); `METRIC=+VALUE` -> (metric, value, True)."""
     metric, sep, value = spec.rpartition("=")
+    relative = value.startswith("+")
     try:
         threshold = float(value)
     except ValueError:
@@ -88,7 +93,7 @@ def parse_reach(spec: str) -> tuple[str, float]:
         raise ValueError(
             f"--reach wants METRIC=VALUE with a number, e.g. reward/mean=0.5; got {spec!r}"
         )
-    return metric, threshold
+    return metric, threshold, relative
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -98,16 +103,27 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 
 def steps_to_reach(
-    records: list[dict[str, Any]], metric: str, value: float, window: int = 10
+    records: list[dict[str, Any]],
+    metric: str,
+    value: float,
+    relative: bool = False,
+    window: int = 10,
 ) -> int | None:
-    """The first step whose trailing `window`-step mean of `metric` is >= `value` (only
-    steps that logged it count), or None if the run never got there."""
+    """The first step whose trailing `window`-step mean of `metric` is >= `value` (with
+    `relative`, >= the first such mean + `value`); only steps that logged the metric count.
+    None if the run never got there."""
     seen: list[float] = []
+    first: float | None = None
     for record in records:
         if metric not in record:
             continue
         seen.append(float(record[metric]))
-        if len(seen) >= window and sum(seen[-window:]) / window >= value:
+        if len(seen) < window:
+            continue
+        mean = sum(seen[-window:]) / window
+        if first is None:
+            first = mean
+        if mean >= (first + value if relative else value):
             return int(record["step"])
     return None
 
