@@ -67,7 +67,9 @@ def rewards(pairs, **options):
 
 
 def test_batch_values_equal_the_plain_computation(plain, monkeypatch):
-    monkeypatch.setattr(docparse_formula, "_worker_count", lambda: 2)  # a pool on any machine
+    monkeypatch.setattr(
+        docparse_formula, "_worker_count", lambda caller_waits=True: 2
+    )  # a pool on any machine
     expected = plain(PAIRS)
     clear_caches()
     batch = PAIRS + PAIRS[::-1]  # repeats within a batch, as within a group of rollouts
@@ -87,7 +89,7 @@ def test_cached_and_uncached_values_are_identical(plain, monkeypatch):
     first = rewards(PAIRS)
     assert len(docparse_formula._cache) == len(set(PAIRS))
 
-    def no_workers(keys, timeout_s):
+    def no_workers(keys, timeout_s, caller_waits=True):
         raise AssertionError(f"not cached: {keys}")
 
     with monkeypatch.context() as m:
@@ -107,7 +109,9 @@ def test_the_cache_is_bounded_and_eviction_does_not_change_values(plain, monkeyp
 
 def test_a_hanging_check_in_a_batch_scores_semantic_zero_and_the_pool_recovers(plain, monkeypatch):
     expected = plain(PAIRS)
-    monkeypatch.setattr(docparse_formula, "_worker_count", lambda: 1)  # HANGS hits slot 0
+    monkeypatch.setattr(
+        docparse_formula, "_worker_count", lambda caller_waits=True: 1
+    )  # HANGS hits slot 0
     assert formula_reward("x+2", "x+2") == 1.0  # a live worker (the caches are empty)
     worker = docparse_formula._workers[0]
     batch = [PAIRS[2], HANGS, PAIRS[6], PAIRS[16], PAIRS[10]]
@@ -141,7 +145,7 @@ def test_prefetched_checks_fill_the_cache_and_change_no_value(plain, monkeypatch
         (normalise_latex(p), normalise_latex(r)) for p, r in PAIRS
     }
 
-    def no_workers(keys, timeout_s):
+    def no_workers(keys, timeout_s, caller_waits=True):
         raise AssertionError(f"not prefetched: {keys}")
 
     with monkeypatch.context() as m:
@@ -156,7 +160,7 @@ def test_prefetched_checks_fill_the_cache_and_change_no_value(plain, monkeypatch
 def test_a_prefetch_that_fails_leaves_the_error_to_the_real_call(monkeypatch):
     clear_caches()
 
-    def broken(keys, timeout_s):
+    def broken(keys, timeout_s, caller_waits=True):
         raise RuntimeError("no worker")
 
     monkeypatch.setattr(docparse_formula, "_run_in_workers", broken)
@@ -166,6 +170,37 @@ def test_a_prefetch_that_fails_leaves_the_error_to_the_real_call(monkeypatch):
         formula_reward("x+3", "x+3")
     docparse_formula.prefetch_formula_rewards(["x"], ["x"], timeout_s=None)  # a no-op
     assert docparse_formula._prefetch_queue.unfinished_tasks == 0
+
+
+@pytest.mark.parametrize(
+    ("cpus", "load", "own", "caller_waits", "workers"),
+    [
+        (2, 2.0, 2.0, True, 2),  # a 2-thread trainer alone, waiting: both cores are free
+        (2, 2.0, 2.0, False, 1),  # the same trainer still sampling (a prefetch): none free
+        (2, 2.1, 1.0, True, 1),  # two 1-thread trainers: the other one holds a core
+        (2, 4.0, 1.0, True, 1),  # a busy machine: one worker
+        (8, 0.5, 0.0, True, 2),  # never more than MAX_WORKERS
+    ],
+)
+def test_worker_count_counts_the_waiting_trainers_cores_as_free(
+    monkeypatch, cpus, load, own, caller_waits, workers
+):
+    monkeypatch.setattr(docparse_formula.os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    monkeypatch.setattr(docparse_formula.os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(docparse_formula, "_own_load", lambda: own)
+    assert docparse_formula._worker_count(caller_waits) == workers
+
+
+def test_own_load_is_cpu_over_wall_time_over_the_window(monkeypatch):
+    clock = {"wall": 100.0, "cpu": 10.0}
+    monkeypatch.setattr(docparse_formula.time, "monotonic", lambda: clock["wall"])
+    monkeypatch.setattr(docparse_formula.time, "process_time", lambda: clock["cpu"])
+    monkeypatch.setattr(docparse_formula, "_usage", docparse_formula.deque())
+    assert docparse_formula._own_load() == 0.0  # one sample: no interval yet
+    clock.update(wall=130.0, cpu=70.0)  # 2 busy threads for 30 s
+    assert docparse_formula._own_load() == pytest.approx(2.0)
+    clock.update(wall=190.0, cpu=100.0)  # then 0.5 for 60 s; the window keeps 130..190
+    assert docparse_formula._own_load(window_s=60.0) == pytest.approx(0.5)
 
 
 def test_the_ratio_probe_never_changes_an_equation_verdict(monkeypatch):

@@ -181,6 +181,7 @@ def test_responses_reach_prefetching_rewards_as_they_end(tmp_path, small_config)
         small_config(
             tmp_path,
             "reward.functions=[{name: 'rewards_for_tests:digit_fraction_heard'}]",
+            "reward.prefetch=true",
             "rollout.max_new_tokens=40",
             steps=1,
         )
@@ -226,3 +227,20 @@ def test_responses_reach_prefetching_rewards_as_they_end(tmp_path, small_config)
         times=RolloutTimes(),
     )
     assert heard == []  # reward.prefetch=false: scored at the end only
+
+
+def test_prefetch_auto_is_on_only_where_sampling_leaves_a_core_free(
+    tmp_path, small_config, monkeypatch
+) -> None:
+    from policyopt.trainer import rollout_phase
+
+    config = small_config(tmp_path, steps=1)
+    assert config.reward.prefetch == "auto"
+    monkeypatch.setattr(rollout_phase.os, "sched_getaffinity", lambda pid: {0, 1})
+    for threads, expected in ((1, True), (2, False)):
+        monkeypatch.setattr(rollout_phase.torch, "get_num_threads", lambda n=threads: n)
+        assert rollout_phase.prefetch_enabled(config) is expected
+    config.model.device = "cuda"
+    assert rollout_phase.prefetch_enabled(config) is True  # sampling on the GPU
+    config.reward.prefetch = False
+    assert rollout_phase.prefetch_enabled(config) is False

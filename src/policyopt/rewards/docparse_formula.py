@@ -52,7 +52,8 @@ import re
 import subprocess
 import sys
 import threading
-from collections import OrderedDict
+import time
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Any
@@ -64,8 +65,9 @@ STRUCTURE_WEIGHT = 0.2
 DEFAULT_TIMEOUT_S = 5.0  # per stage (parse, equivalence); covers slow simplifications
 WORKER_STARTUP_TIMEOUT_S = 120.0  # importing sympy on a loaded 2-core machine
 WORKER_MEMORY_BYTES = 4 << 30  # address-space cap of each worker (Linux)
-# sympy is single-threaded: a second worker uses the core that a 1-thread trainer leaves
-# idle while it waits for rewards (when it is idle: `_worker_count`). Each holds ~80 MB.
+# sympy is single-threaded: a second worker uses a core that the trainer's threads leave
+# idle while it waits for rewards (when no other process needs it: `_worker_count`). Each
+# holds ~80 MB.
 MAX_WORKERS = 2
 CACHE_SIZE = 8192  # (prediction, reference) checks kept: a few hundred steps of formulas
 _PROBE_POINTS = (0.7236, 1.3719, 2.1183, 0.4142, 1.7321)  # fixed: results must be reproducible
@@ -180,8 +182,11 @@ _cache: OrderedDict[tuple[str, str | None, float | None], tuple[bool, bool]] = O
 _cache_lock = threading.Lock()
 
 
-def _checks(keys: list[Check], timeout_s: float | None) -> list[tuple[bool, bool]]:
-    """(pred parses, pred equivalent to ref) of each key; ref None: parse only."""
+def _checks(
+    keys: list[Check], timeout_s: float | None, caller_waits: bool = True
+) -> list[tuple[bool, bool]]:
+    """(pred parses, pred equivalent to ref) of each key; ref None: parse only.
+    `caller_waits`: see `_worker_count`."""
     found: dict[Check, tuple[bool, bool]] = {}
     with _cache_lock:
         for key in keys:
@@ -194,7 +199,7 @@ def _checks(keys: list[Check], timeout_s: float | None) -> list[tuple[bool, bool
         if timeout_s is None:
             computed = [_check_here(pred, ref) for pred, ref in todo]
         else:
-            computed = _run_in_workers(todo, timeout_s)
+            computed = _run_in_workers(todo, timeout_s, caller_waits)
         with _cache_lock:
             for key, result in zip(todo, computed, strict=True):
                 found[key] = result
@@ -234,7 +239,7 @@ def _prefetch_loop(todo: queue.Queue[tuple[list[Check], float]]) -> None:
             by_timeout.setdefault(timeout_s, []).extend(keys)
         try:
             for timeout_s, keys in by_timeout.items():
-                _checks(keys, timeout_s)
+                _checks(keys, timeout_s, caller_waits=False)  # sampling goes on meanwhile
         except Exception:  # noqa: S110 - the real call recomputes and raises it
             pass
         finally:
@@ -427,19 +432,36 @@ _pool_lock = threading.Lock()  # one batch at a time drives the workers
 _workers: list[_Worker | None] = []  # slot i is driven by one thread of a batch
 
 
-def _worker_count() -> int:
-    """One worker, plus one per core idle over the last minute, up to MAX_WORKERS. On a busy
-    machine a second worker only competes for the same cores (measured: 1.2-1.5x slower at a
-    load of 3.5-4 on 2 cores, 1.6-1.9x faster at 1-2)."""
+def _worker_count(caller_waits: bool = True) -> int:
+    """One worker per core that the rest of the machine leaves free, at least one, at most
+    MAX_WORKERS. The load that counts is the 1-minute load average, less this process's own
+    (`_own_load`) when `caller_waits`: while the trainer waits for rewards, the cores its
+    sampling and training threads keep busy are free; a prefetch runs while they are busy
+    (`caller_waits=False`). On a busy machine a second worker only competes for the same cores
+    (measured: 1.2-1.5x slower at a load of 3.5-4 on 2 cores, 1.6-1.9x faster at 1-2)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cpus = os.cpu_count() or 1
     try:
-        idle = max(0.0, cpus - os.getloadavg()[0])
-    except OSError:  # load average unavailable
-        idle = 0.0
-    return max(1, min(MAX_WORKERS, 1 + round(idle)))
+        others = max(0.0, os.getloadavg()[0] - (_own_load() if caller_waits else 0.0))
+    except OSError:  # load average unavailable: assume the machine is busy
+        others = float(cpus)
+    return max(1, min(MAX_WORKERS, round(cpus - others)))
+
+
+_usage: deque[tuple[float, float]] = deque()  # (wall, CPU) seconds of this process
+
+
+def _own_load(window_s: float = 60.0) -> float:
+    """Busy threads of this process, on average over about the last `window_s` seconds (the
+    load average's horizon): CPU seconds over wall seconds since the oldest sample kept."""
+    now = (time.monotonic(), time.process_time())
+    _usage.append(now)
+    while len(_usage) > 2 and now[0] - _usage[1][0] >= window_s:
+        _usage.popleft()  # keep one sample at least window_s old
+    wall, cpu = now[0] - _usage[0][0], now[1] - _usage[0][1]
+    return cpu / wall if wall > 0 else 0.0
 
 
 def _worker(slot: int) -> _Worker:
@@ -450,7 +472,9 @@ def _worker(slot: int) -> _Worker:
     return current
 
 
-def _run_in_workers(keys: list[Check], timeout_s: float) -> list[tuple[bool, bool]]:
+def _run_in_workers(
+    keys: list[Check], timeout_s: float, caller_waits: bool = True
+) -> list[tuple[bool, bool]]:
     """Checks of `keys`, each handed to the next free worker (a worker parses a reference
     once: its parse cache)."""
     todo: queue.SimpleQueue[int] = queue.SimpleQueue()
@@ -471,7 +495,7 @@ def _run_in_workers(keys: list[Check], timeout_s: float) -> list[tuple[bool, boo
             errors.append(error)
 
     with _pool_lock:
-        n = min(_worker_count(), len(keys))
+        n = min(_worker_count(caller_waits), len(keys))
         _workers.extend([None] * (n - len(_workers)))
         helpers = [
             threading.Thread(target=drive, args=(slot,), daemon=True) for slot in range(1, n)

@@ -101,8 +101,10 @@ class RewardConfig(Section):
     correct_threshold: float = 1.0
     # Hand each response to reward functions that can start early (a `prefetch` attribute,
     # e.g. DocPO's formula checks) as soon as it ends, while longer ones are still sampled.
-    # Values are the same either way; false waits for the whole batch (to measure the gain).
-    prefetch: bool = True
+    # Values are the same either way. It pays only where sampling leaves a core free: "auto"
+    # turns it on for a model off the CPU or when train.num_threads is below the core count
+    # (measured on 2 cores: 4% faster steps with 1 thread, 9% slower with 2).
+    prefetch: bool | Literal["auto"] = "auto"
 
 
 class AlgorithmConfig(Section):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -114,7 +115,7 @@ def generate_and_score(
         params,
         group_size=config.rollout.group_size,
         score=score,
-        on_finished=on_finished if config.reward.prefetch and reward_fn.can_prefetch else None,
+        on_finished=on_finished if reward_fn.can_prefetch and prefetch_enabled(config) else None,
         **config.rollout.strategy_options,
     )
     for a in config.rollout.annotators:
@@ -152,6 +153,20 @@ def generate_and_score(
         },
         unparseable=int(sum(result.unparseable.values())),
     )
+
+
+def prefetch_enabled(config: Config) -> bool:
+    """`reward.prefetch`, with "auto" resolved: on when sampling leaves a CPU core free (the
+    model is on an accelerator, or torch uses fewer threads than this process has cores)."""
+    if config.reward.prefetch != "auto":
+        return bool(config.reward.prefetch)
+    if not config.model.device.startswith("cpu"):
+        return True
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return torch.get_num_threads() < cores
 
 
 def needs_hidden(config: Config) -> bool:
