@@ -45,8 +45,8 @@ def test_recipes_share_grpo_rollout_budget_and_differ_only_in_the_shaper():
         assert cfg.algorithm.name == "docpo" and cfg.task.name == "docparse"
         assert cfg.algorithm.group_filter == "docpo"
         assert [f.name for f in cfg.reward.functions] == ["docparse"]
-        # Its own RL steps and lr (those its README measurements used), the same seed.
-        assert (cfg.train.steps, cfg.optim.lr) == (60, 2e-5)
+        # Its own RL steps (those its README measurements used); grpo's lr and seed.
+        assert (cfg.train.steps, cfg.optim.lr) == (120, grpo.optim.lr)
         assert cfg.train.seed == grpo.train.seed
         for key in ("prompts_per_step", "group_size", "temperature"):
             assert getattr(cfg.rollout, key) == getattr(grpo.rollout, key)
