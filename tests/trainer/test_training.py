@@ -106,13 +106,13 @@ def test_plot_and_lora(tmp_path, small_config) -> None:
     assert (tmp_path / "checkpoints" / "step-00000002" / "adapter_model.safetensors").exists()
 
 
-def shaped_batch(trainer: Trainer):
-    """The step batch (rewards shaped, advantages computed) of two prompts' rollouts."""
+def scored_round(trainer: Trainer, indices: list[int]):
+    """One generation round of the trainer on training rows `indices`, scored."""
     from policyopt.trainer.rollout_phase import RolloutTimes, generate_and_score
 
-    scored = generate_and_score(
+    return generate_and_score(
         rows=trainer.train_rows,
-        indices=[0, 1],
+        indices=indices,
         group_offset=0,
         task=trainer.task,
         tokenizer=trainer.tokenizer,
@@ -121,7 +121,11 @@ def shaped_batch(trainer: Trainer):
         config=trainer.config,
         times=RolloutTimes(),
     )
-    return trainer._shape(scored)[0]
+
+
+def shaped_batch(trainer: Trainer):
+    """The step batch (rewards shaped, advantages computed) of two prompts' rollouts."""
+    return trainer._shape(scored_round(trainer, [0, 1]))[0]
 
 
 def test_update_normalisers_skip_fully_masked_rows(tmp_path, small_config) -> None:
@@ -175,7 +179,6 @@ def test_responses_reach_prefetching_rewards_as_they_end(tmp_path, small_config)
     """Each response that ends with EOS is handed to a reward's `prefetch` with its prompt,
     the text the reward is later called with and its row's columns; truncated ones are not."""
     import rewards_for_tests
-    from policyopt.trainer.rollout_phase import RolloutTimes, generate_and_score
 
     trainer = Trainer(
         small_config(
@@ -189,18 +192,7 @@ def test_responses_reach_prefetching_rewards_as_they_end(tmp_path, small_config)
     assert trainer.reward_fn.can_prefetch
     heard = rewards_for_tests.digit_fraction_heard.heard
     heard.clear()
-    scored = generate_and_score(
-        rows=trainer.train_rows,
-        indices=[0, 1, 2, 3],
-        group_offset=0,
-        task=trainer.task,
-        tokenizer=trainer.tokenizer,
-        engine=trainer.engine,
-        reward_fn=trainer.reward_fn,
-        config=trainer.config,
-        times=RolloutTimes(),
-    )
-    trainer.close()
+    scored = scored_round(trainer, [0, 1, 2, 3])
     ended = [
         (p, c, a)
         for p, c, a, t in zip(
@@ -215,17 +207,8 @@ def test_responses_reach_prefetching_rewards_as_they_end(tmp_path, small_config)
     assert ended and sorted(heard) == sorted(ended)
     heard.clear()
     trainer.config.reward.prefetch = False
-    generate_and_score(
-        rows=trainer.train_rows,
-        indices=[0, 1],
-        group_offset=0,
-        task=trainer.task,
-        tokenizer=trainer.tokenizer,
-        engine=trainer.engine,
-        reward_fn=trainer.reward_fn,
-        config=trainer.config,
-        times=RolloutTimes(),
-    )
+    scored_round(trainer, [0, 1])
+    trainer.close()
     assert heard == []  # reward.prefetch=false: scored at the end only
 
 
