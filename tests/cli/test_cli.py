@@ -45,11 +45,14 @@ def test_print_config_shows_resolved_preset(capsys) -> None:
     assert "clip_high: 0.28" in out and "dynamic_sampling: true" in out
 
 
-def test_quickstart_writes_summary_plot_metrics_checkpoint(tmp_path, monkeypatch) -> None:
+def test_quickstart_writes_summary_plot_metrics_checkpoint(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("POLICYOPT_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "qs"
     assert main(["quickstart", "--output-dir", str(out), *TINY]) == 0
     summary = json.loads((out / "summary.json").read_text())
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    before, after = summary["initial_eval"]["eval/reward"], summary["final_eval"]["eval/reward"]
+    assert f"mean reward {before:.3f} -> {after:.3f}" in last
     assert 0.0 <= summary["initial_accuracy"] <= 1.0 and 0.0 <= summary["final_accuracy"] <= 1.0
     assert summary["rl_steps"] == 2
     assert (out / "curves.png").exists() and (out / "metrics.jsonl").exists()

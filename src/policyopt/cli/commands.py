@@ -65,8 +65,11 @@ def run_quickstart(args: argparse.Namespace) -> int:
         return 0
     summary = run_pipeline(config, Console())
     gain = summary["final_accuracy"] - summary["initial_accuracy"]
+    before, after = summary["initial_eval"]["eval/reward"], summary["final_eval"]["eval/reward"]
     print(
-        f"held-out greedy accuracy {summary['initial_accuracy']:.3f} -> {summary['final_accuracy']:.3f} ({gain:+.3f}); summary: {out}/summary.json"
+        f"held-out greedy accuracy {summary['initial_accuracy']:.3f} -> "
+        f"{summary['final_accuracy']:.3f} ({gain:+.3f}), mean reward {before:.3f} -> "
+        f"{after:.3f} ({after - before:+.3f}); summary: {out}/summary.json"
     )
     return 0
 
