@@ -48,7 +48,6 @@ def run_compare(args: argparse.Namespace) -> int:
     if args.reach_window < 1:
         raise ValueError(f"--reach-window must be >= 1, got {args.reach_window}")
     runs: dict[str, list[dict[str, Any]]] = {}
-    reached: dict[str, list[int | None]] = {}
     for name in names:
         for seed in range(args.seeds):
             out = root / name / f"seed-{seed}"
@@ -60,19 +59,21 @@ def run_compare(args: argparse.Namespace) -> int:
                 name, [*overrides, f"eval.samples={args.samples}"], str(out), seed
             )
             runs.setdefault(name, []).append(run_pipeline(config, console))
-    for name in names:
-        for seed in range(args.seeds):
-            if reach is not None:
-                records = read_metrics(root / name / f"seed-{seed}" / "metrics.jsonl")
-                step = steps_to_reach(records, *reach, window=args.reach_window)
-                reached.setdefault(name, []).append(step)
     rows = summarise(runs)
     if reach is not None:
         metric, value, relative = reach
         target = f"first mean {value:+g}" if relative else f"{value:g}"
         column = f"steps to {metric} >= {target} ({args.reach_window}-step mean)"
         for row in rows:
-            row[column] = reach_summary(reached[row["method"]])
+            steps = [
+                steps_to_reach(
+                    read_metrics(root / row["method"] / f"seed-{seed}" / "metrics.jsonl"),
+                    *reach,
+                    window=args.reach_window,
+                )
+                for seed in range(args.seeds)
+            ]
+            row[column] = reach_summary(steps)
     (root / "compare.json").write_text(json.dumps({"rows": rows, "runs": runs}, indent=2))
     (root / "compare.md").write_text(markdown_table(rows, args.seeds))
     plot_compare(rows, runs, root / "compare.png")
