@@ -3,6 +3,7 @@
 from policyopt.methods import (
     baselines,  # noqa: F401  (registers the baseline presets)
     datpo,  # noqa: F401
+    dmrl,  # noqa: F401
     docpo,  # noqa: F401
     gar,  # noqa: F401
     hispo,  # noqa: F401
