@@ -1,5 +1,10 @@
 """Reward functions that tests load by `module:function` (tests/conftest.py puts this folder on sys.path)."""
 
+import torch
+
+from policyopt.core.structure import produces
+from policyopt.rewards.functions import RewardOutput
+
 
 def digit_fraction(prompts, completions, **columns):
     """Fraction of digits in a completion: varies even for an untrained model, so groups
@@ -23,3 +28,17 @@ digit_fraction_heard.heard = []
 digit_fraction_heard.prefetch = lambda prompts, completions, **columns: (
     digit_fraction_heard.heard.extend(zip(prompts, completions, columns["answer"], strict=True))
 )
+
+
+@produces("digit_count", "same_length")
+def digit_fraction_with_structure(prompts, completions, **columns):
+    """`digit_fraction`, returning declared structure too: each completion's digit count
+    (per rollout) and whether two completions have the same length (pairwise)."""
+    lengths = [len(text) for text in completions]
+    return RewardOutput(
+        digit_fraction(prompts, completions, **columns),
+        {
+            "digit_count": [sum(c.isdigit() for c in text) for text in completions],
+            "same_length": torch.tensor([[float(a == b) for b in lengths] for a in lengths]),
+        },
+    )

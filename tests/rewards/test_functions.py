@@ -226,3 +226,55 @@ def test_pipeline_prefetch_reaches_only_functions_that_have_it_and_never_raises(
     assert pipeline.can_prefetch
     pipeline.prefetch(["q"], ["a"], {"answer": ["7"]})  # broken's error is not raised here
     assert calls == [(["a"], {"answer": ["7"]})]
+
+
+def test_reward_output_structure_joins_the_result_plain_lists_still_work():
+    from policyopt.core.structure import produces
+    from policyopt.rewards.functions import RewardOutput
+
+    @produces("lengths", "same")
+    def with_structure(prompts, completions, **columns):
+        n = [len(c) for c in completions]
+        same = [[float(a == b) for b in n] for a in n]
+        return RewardOutput([1.0, None, 0.5], {"lengths": n, "same": torch.tensor(same)})
+
+    result = RewardPipeline([("s", with_structure, 2.0), ("plain", only_kwargs, 1.0)])(
+        ["p"] * 3, ["ab", "c", "de"], {}
+    )
+    assert result.total.tolist() == [4.0, 1.0, 3.0]  # 2·(1, 0, 0.5) + (2, 1, 2)
+    assert result.unparseable == {"s": 1, "plain": 0}
+    assert result.structure["lengths"].tolist() == [2, 1, 2]
+    assert result.structure["same"].tolist() == [[1, 0, 1], [0, 1, 0], [1, 0, 1]]
+    assert result.pairwise == {"same"}
+
+
+def test_reward_output_structure_must_be_declared_and_shaped():
+    from policyopt.core.structure import produces
+    from policyopt.rewards.functions import RewardOutput
+
+    def undeclared(prompts, completions, **columns):
+        return RewardOutput([0.0] * len(completions), {"x": [0] * len(completions)})
+
+    @produces("x")
+    def wrong_shape(prompts, completions, **columns):
+        return RewardOutput([0.0] * len(completions), {"x": [[0, 0]] * len(completions)})
+
+    @produces("x")
+    def declared_not_made(prompts, completions, **columns):
+        return [0.0] * len(completions)
+
+    cases = [
+        (undeclared, r"'undeclared' produced \['x'\] without declaring"),
+        (wrong_shape, r"'wrong_shape': structure 'x' of shape \(3, 2\)"),
+        (declared_not_made, r"declares it produces \['x'\] but did not"),
+    ]
+    for fn, message in cases:
+        with pytest.raises(RewardFunctionError, match=message):
+            RewardPipeline([(fn.__name__, fn, 1.0)])(["p"] * 3, ["a", "b", "c"], {})
+
+    @produces("x")
+    def makes_x(prompts, completions, **columns):
+        return RewardOutput([0.0] * len(completions), {"x": [1] * len(completions)})
+
+    with pytest.raises(RewardFunctionError, match="'b' produces \\['x'\\].*already produced"):
+        RewardPipeline([("a", makes_x, 1.0), ("b", makes_x, 1.0)])(["p"], ["a"], {})

@@ -13,6 +13,10 @@ from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
+# Every registry ever created, so that declared structure can name the parts that produce a
+# value (`policyopt.core.structure.registered_producers`) without importing the layers above.
+_ALL: list[Registry] = []  # type: ignore[type-arg]
+
 
 class Registry(Generic[T]):
     """A plain dict of named entries with a decorator to add to it."""
@@ -20,6 +24,7 @@ class Registry(Generic[T]):
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._entries: dict[str, T] = {}
+        _ALL.append(self)
 
     def register(self, name: str) -> Callable[[T], T]:
         def add(obj: T) -> T:
@@ -51,3 +56,8 @@ def unknown_name_message(kind: str, name: str, valid: list[str]) -> str:
     close = difflib.get_close_matches(name, valid, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return f"unknown {kind} {name!r}{hint} valid names: {', '.join(valid)}"
+
+
+def all_registries() -> list[Registry]:  # type: ignore[type-arg]
+    """Every registry created so far (their entries as registered by the imported modules)."""
+    return list(_ALL)

@@ -35,6 +35,7 @@ from policyopt.core.losses import (
     clipped_surrogate,
     loss_metrics,
 )
+from policyopt.core.structure import needs
 
 
 def segment_sums(values: Tensor, segment_ids: Tensor, mask: Tensor, n_segments: int) -> Tensor:
@@ -64,6 +65,7 @@ def check_segment_ids(segment_ids: Tensor | None, mask: Tensor) -> Tensor:
 
 
 @POLICY_LOSSES.register("hispo")
+@needs("segment_ids", "entropies")
 def hispo_loss(
     logp: Tensor,
     old_logp: Tensor,

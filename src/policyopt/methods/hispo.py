@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from policyopt.core.structure import produces
 from policyopt.methods.presets import register_preset
 from policyopt.rollout.base import Rollouts
 from policyopt.rollout.strategies import ROLLOUT_ANNOTATORS
@@ -133,6 +134,7 @@ def build_segments(
 
 
 @ROLLOUT_ANNOTATORS.register("hispo_segments")
+@produces("segment_ids")
 def hispo_segments(
     rollouts: Rollouts, alpha: float = 0.1, quantile: float = 0.6, window: int = 64
 ) -> dict[str, Tensor]:

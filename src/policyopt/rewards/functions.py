@@ -8,6 +8,13 @@ where every dataset column arrives as a keyword list aligned with `completions` 
 must accept **kwargs for the columns it does not use). None means "could not parse": the
 pipeline scores it 0 and counts it, never crashes on it.
 
+A function may instead return a `RewardOutput(rewards, structure)`: `structure` holds values
+for later parts of the step (SRPO's distances between a group's rankings, DRPO's control
+rewards), each per completion [n] or pairwise [n, n] over the call's n completions, under
+names the function declares with `@produces(...)` (`policyopt.core.structure`). They join
+the step's `Rollouts.extras`, where a part that `@needs` them finds them. Plain lists keep
+working (TRL compatibility).
+
 Named functions live in `REWARD_FUNCTIONS`; `load_reward_function` also takes
 `module.path:function`. `task_reward_function` adapts a task's `verify`.
 """
@@ -19,12 +26,13 @@ import logging
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from policyopt.core.registry import Registry, unknown_name_message
+from policyopt.core.structure import check_declared_made, check_produced
 
 if TYPE_CHECKING:
     from policyopt.tasks.base import Task
@@ -37,6 +45,15 @@ REWARD_FUNCTIONS: Registry[RewardFunction] = Registry("reward function")
 
 class RewardFunctionError(RuntimeError):
     """A reward function raised, or returned something other than one number per sample."""
+
+
+@dataclass
+class RewardOutput:
+    """What a reward function may return instead of a plain list: the rewards, and declared
+    structure (name -> per-completion list or tensor [n], or pairwise [n, n])."""
+
+    rewards: Sequence[float | None]
+    structure: dict[str, Any] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------
@@ -125,6 +142,12 @@ class RewardResult:
     total: torch.Tensor
     raw: dict[str, list[float | None]]
     unparseable: dict[str, int]
+    # Declared structure the functions returned (`RewardOutput`): [N] or pairwise [N, N].
+    structure: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def pairwise(self) -> set[str]:
+        return {k for k, v in self.structure.items() if v.dim() == 2}
 
     def metrics(self) -> dict[str, float]:
         """`reward/<name>/mean` (None as 0) and `reward/<name>/unparseable` for logging."""
@@ -169,8 +192,16 @@ class RewardPipeline:
         total = torch.zeros(n, dtype=torch.float32)
         raw: dict[str, list[float | None]] = {}
         unparseable: dict[str, int] = {}
+        structure: dict[str, torch.Tensor] = {}
         for name, fn, weight in self.functions:
-            values = self._run(name, fn, prompts, completions, columns)
+            values, made = self._run(name, fn, prompts, completions, columns)
+            clash = sorted(set(made) & set(structure))
+            if clash:
+                raise RewardFunctionError(
+                    f"reward function {name!r} produces {clash}, which another function "
+                    "of the pipeline already produced"
+                )
+            structure.update(made)
             raw[name] = values
             unparseable[name] = sum(v is None for v in values)
             total += weight * torch.tensor(
@@ -183,7 +214,7 @@ class RewardPipeline:
                     unparseable[name],
                     n,
                 )
-        return RewardResult(total=total, raw=raw, unparseable=unparseable)
+        return RewardResult(total=total, raw=raw, unparseable=unparseable, structure=structure)
 
     @property
     def can_prefetch(self) -> bool:
@@ -212,10 +243,15 @@ class RewardPipeline:
         prompts: list[str],
         completions: list[str],
         columns: dict[str, list],
-    ) -> list[float | None]:
-        """Call `fn` on the batch; on an exception, find the first sample that fails alone."""
+    ) -> tuple[list[float | None], dict[str, torch.Tensor]]:
+        """Call `fn` on the batch; on an exception, find the first sample that fails alone.
+        Returns the values and the declared structure the function returned."""
         try:
-            values = list(fn(prompts, completions, **columns))
+            output = fn(prompts, completions, **columns)
+            structure = {}
+            if isinstance(output, RewardOutput):
+                output, structure = output.rewards, output.structure
+            values = list(output)
         except Exception as error:
             for i, completion in enumerate(completions):
                 row = {key: [vals[i]] for key, vals in columns.items()}
@@ -234,7 +270,30 @@ class RewardPipeline:
             raise RewardFunctionError(
                 f"reward function {name!r} returned {len(values)} values for {len(completions)} completions"
             )
-        return [_as_reward(name, i, v) for i, v in enumerate(values)]
+        return [_as_reward(name, i, v) for i, v in enumerate(values)], _as_structure(
+            name, fn, structure, len(completions)
+        )
+
+
+def _as_structure(
+    name: str, fn: RewardFunction, structure: dict[str, Any], n: int
+) -> dict[str, torch.Tensor]:
+    """A `RewardOutput`'s structure as tensors, checked: declared, [n] or pairwise [n, n]."""
+    out = {}
+    for key, value in structure.items():
+        tensor = torch.as_tensor(value)
+        if tensor.dim() == 2 and tensor.shape[1] != n:
+            raise RewardFunctionError(
+                f"reward function {name!r}: structure {key!r} of shape {tuple(tensor.shape)} "
+                f"is neither per completion [{n}] nor pairwise [{n}, {n}]"
+            )
+        out[key] = tensor
+    try:
+        check_produced(f"reward function {name!r}", fn, out, n)
+        check_declared_made(f"reward function {name!r}", fn, out)
+    except ValueError as error:
+        raise RewardFunctionError(str(error)) from None
+    return out
 
 
 def _as_reward(name: str, index: int, value: Any) -> float | None:

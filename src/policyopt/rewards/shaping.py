@@ -4,6 +4,15 @@ A shaper is registered by name in `SHAPERS` as a factory `(**options) -> RewardS
 The trainer calls each configured shaper in order, after the verifier and DAPO's overlong
 term, with a `ShapingContext` describing the batch. GAR (gradient-aligned bonus) and DocPO
 (step-aware annealing) are shapers.
+
+Declared structure (`policyopt.core.structure`): a shaper whose factory is marked
+`@needs(name)` reads the value as `ctx.structure[name]` (the trainer checks it is there
+before calling the shaper, and names the part that should have produced it otherwise); one
+marked `@produces(name)` adds its values with `ctx.add_structure({name: tensor})` ([N] per
+rollout or [N, R] per token) or `ctx.add_structure({name: tensor}, pairwise=True)` ([N, N];
+e.g. distances computed from parsed rankings and `ctx.group_ids`). They join the step's
+`Rollouts.extras`, where later shapers, the advantage estimator and the loss find them; the
+trainer checks that a shaper added exactly what it declared.
 """
 
 from __future__ import annotations
@@ -41,6 +50,16 @@ class ShapingContext:
     # earlier shaping added (DAPO's overlong term), which a shaper that replaces the
     # verifier's reward (GAR) keeps.
     verifier_rewards: torch.Tensor | None = None
+
+    @property
+    def structure(self) -> dict[str, torch.Tensor]:
+        """The step's declared structure so far (`Rollouts.extras`); read it, add with
+        `add_structure`."""
+        return self.rollouts.extras
+
+    def add_structure(self, values: dict[str, torch.Tensor], pairwise: bool = False) -> None:
+        """Add structure for later parts: [N] or [N, R] values, or [N, N] with `pairwise`."""
+        self.rollouts.add_extras(values, pairwise=pairwise)
 
 
 class RewardShaper:

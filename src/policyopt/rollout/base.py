@@ -54,8 +54,11 @@ class Rollouts:
     # Tokens the engine actually generated (a tree counts a shared prefix once).
     generated_tokens: int
     hidden: torch.Tensor | None = None  # [N, R, d] when SamplingParams.with_hidden
-    # Per-token structure added by tree engines (block ids, ...), each [N, R].
+    # Declared structure (policyopt.core.structure) for later parts of the step: each value
+    # is [N] per rollout, [N, R] per token (block ids, segment ids) or [N, N] pairwise.
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    # The names in `extras` that are pairwise [N, N] (R may equal N, so shape cannot tell).
+    pairwise: frozenset[str] = frozenset()
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -83,8 +86,53 @@ class Rollouts:
             entropy=self.entropy[index],
             truncated=self.truncated[index],
             hidden=pick(self.hidden),
-            extras={k: v[index] for k, v in self.extras.items()},
+            extras={k: select_extra(v, index, k in self.pairwise) for k, v in self.extras.items()},
         )
+
+    def add_extras(self, values: dict[str, torch.Tensor], pairwise: bool = False) -> None:
+        """Add structure (each value's first dim N); `pairwise` marks them [N, N]."""
+        for name, value in values.items():
+            if pairwise and (value.dim() != 2 or value.shape[1] != value.shape[0]):
+                raise ValueError(
+                    f"pairwise structure {name!r} must be [N, N], got {tuple(value.shape)}"
+                )
+        self.extras.update(values)
+        names = set(values)
+        self.pairwise = (self.pairwise | names) if pairwise else (self.pairwise - names)
+
+
+def select_extra(value: torch.Tensor, index: torch.Tensor, pairwise: bool) -> torch.Tensor:
+    """Rows `index` of a structure value; a pairwise [N, N] one is indexed in both dims."""
+    picked = value[index]
+    return picked[:, index] if pairwise else picked
+
+
+def concat_extras(
+    parts: list[Rollouts], width: int
+) -> tuple[dict[str, torch.Tensor], frozenset[str]]:
+    """Structure of stacked rollouts: [N] values concatenated, [N, R] ones right-padded with 0
+    to `width`, pairwise [N, N] ones block-diagonal (0 between parts: rollouts of different
+    parts are of different groups, whose entries are never read)."""
+    keys, pairwise = set(parts[0].extras), parts[0].pairwise
+    for r in parts[1:]:
+        if set(r.extras) != keys or r.pairwise != pairwise:
+            raise ValueError(
+                "cannot concatenate rollouts with different structure: "
+                f"{sorted(keys)} (pairwise {sorted(pairwise)}) and {sorted(r.extras)} "
+                f"(pairwise {sorted(r.pairwise)})"
+            )
+    out = {}
+    for k in sorted(keys):
+        values = [r.extras[k] for r in parts]
+        if k in pairwise:
+            out[k] = torch.block_diag(*values)
+        elif values[0].dim() == 1:
+            out[k] = torch.cat(values)
+        else:
+            out[k] = torch.cat(
+                [torch.nn.functional.pad(v, (0, width - v.shape[1]), value=0) for v in values]
+            )
+    return out, pairwise
 
 
 def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
@@ -104,11 +152,7 @@ def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
     hidden = None
     if all(r.hidden is not None for r in parts):
         hidden = torch.cat([right(r.hidden, t, 0.0) for r in parts])
-    extras = {
-        k: torch.cat([right(r.extras[k], t, 0) for r in parts])
-        for k in parts[0].extras
-        if all(k in r.extras for r in parts)
-    }
+    extras, pairwise = concat_extras(parts, t)
     return Rollouts(
         prompt_ids=torch.cat([left(r.prompt_ids, p, pad_id) for r in parts]),
         prompt_mask=torch.cat([left(r.prompt_mask, p, 0) for r in parts]),
@@ -120,6 +164,7 @@ def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
         generated_tokens=sum(r.generated_tokens for r in parts),
         hidden=hidden,
         extras=extras,
+        pairwise=pairwise,
     )
 
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -49,10 +47,3 @@ def trim(
     ids = torch.cat([prompt_ids[:, start:], response_ids[:, :width]], 1)
     mask = torch.cat([prompt_mask[:, start:], response_mask[:, :width].long()], 1)
     return ids, mask, width
-
-
-def accepted(fn: Any, available: dict[str, torch.Tensor], skip: int) -> dict[str, torch.Tensor]:
-    """The entries of `available` that `fn` takes as keyword parameters (after its first
-    `skip` positional ones): per-token structure reaches only the parts that ask for it."""
-    names = list(inspect.signature(fn).parameters)[skip:]
-    return {k: v for k, v in available.items() if k in names}

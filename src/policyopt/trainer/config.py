@@ -229,11 +229,25 @@ def load_config(
     preset_name = raw.get("algorithm", {}).get("name", AlgorithmConfig().name)
     resolved = deep_merge(preset_values(preset_name), raw)
     try:
-        return Config.model_validate(resolved)
+        config = Config.model_validate(resolved)
     except ValidationError as err:
         raise ConfigError(describe_validation_error(err)) from None
     except KeyError as err:  # unknown advantage / loss name
         raise ConfigError(str(err.args[0])) from None
+    check_structure(config)
+    return config
+
+
+def check_structure(config: Config) -> None:
+    """Declared structure: each part's required inputs have a configured producer."""
+    from policyopt.trainer.structure import check_config_structure
+
+    try:
+        check_config_structure(config)
+    except KeyError as err:  # an unknown registered name
+        raise ConfigError(str(err.args[0])) from None
+    except ValueError as err:  # a missing producer, or a reward function that cannot load
+        raise ConfigError(str(err)) from None
 
 
 def preset_values(name: str) -> dict[str, Any]:

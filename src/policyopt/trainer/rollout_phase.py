@@ -12,6 +12,7 @@ import datasets
 import torch
 
 from policyopt.core.filters import GROUP_FILTERS
+from policyopt.core.structure import check_declared_made, check_produced
 from policyopt.rewards.functions import RewardPipeline
 from policyopt.rewards.overlong import overlong_penalty
 from policyopt.rewards.shaping import SHAPERS
@@ -118,14 +119,26 @@ def generate_and_score(
         on_finished=on_finished if reward_fn.can_prefetch and prefetch_enabled(config) else None,
         **config.rollout.strategy_options,
     )
+    n = len(rollouts)
+    label = f"rollout strategy {config.rollout.strategy!r}"
+    check_produced(label, strategy, rollouts.extras, n)
+    check_declared_made(label, strategy, rollouts.extras)
     for a in config.rollout.annotators:
-        rollouts.extras.update(ROLLOUT_ANNOTATORS.get(a.name)(rollouts, **a.options))
+        annotator, label = ROLLOUT_ANNOTATORS.get(a.name), f"rollout annotator {a.name!r}"
+        made = annotator(rollouts, **a.options)
+        check_produced(label, annotator, made, n)
+        check_declared_made(label, annotator, made)
+        rollouts.add_extras(made)
     t1 = time.perf_counter()
     idx = prompt_index.tolist()
     completions = decode(tokenizer, rollouts)
     prompts = [texts[i] for i in idx]
     columns = {c: [picked[i][c] for i in idx] for c in picked[0]}
     result = reward_fn(prompts, completions, columns)
+    # Declared structure from reward functions (RewardOutput): per rollout, or pairwise.
+    pairwise = result.pairwise
+    rollouts.add_extras({k: v for k, v in result.structure.items() if k not in pairwise})
+    rollouts.add_extras({k: result.structure[k] for k in pairwise}, pairwise=True)
     raw = torch.as_tensor(result.total, dtype=torch.float32)
     rewards = raw
     correct = raw >= config.reward.correct_threshold

@@ -17,6 +17,7 @@ import torch
 from rich.console import Console
 
 from policyopt.core import ADVANTAGES, compute_advantages
+from policyopt.core.structure import check_declared_made, check_produced, gather
 from policyopt.models.loading import load_model
 from policyopt.models.lora import apply_lora, disabled_adapter
 from policyopt.rewards.functions import RewardPipeline, build_reward_pipeline
@@ -24,7 +25,7 @@ from policyopt.rewards.shaping import SHAPERS, ShapingContext
 from policyopt.rollout.base import ENGINES
 from policyopt.tasks.base import get_task
 from policyopt.trainer import checkpoint as ckpt
-from policyopt.trainer.batch import StepBatch, accepted
+from policyopt.trainer.batch import StepBatch
 from policyopt.trainer.config import Config, dump_config
 from policyopt.trainer.data import PromptSampler
 from policyopt.trainer.evaluate import eval_rows, evaluate
@@ -32,6 +33,7 @@ from policyopt.trainer.metrics_log import MetricsLogger, progress_bar, read_metr
 from policyopt.trainer.optim import build_optimizer
 from policyopt.trainer.plot import plot_metrics
 from policyopt.trainer.rollout_phase import RolloutTimes, Scored, collect_batch, generate_and_score
+from policyopt.trainer.structure import check_config_structure, step_structure
 from policyopt.trainer.update import UpdateContext, policy_update
 
 
@@ -51,6 +53,7 @@ class Trainer:
         console: Console | None = None,
     ) -> None:
         self.config = cfg = config
+        check_config_structure(cfg)  # before any model is loaded (load_config checks it too)
         self.console = console or Console()
         if cfg.train.num_threads:
             torch.set_num_threads(cfg.train.num_threads)
@@ -254,15 +257,23 @@ class Trainer:
             raw=s.per_function,
             verifier_rewards=s.raw_rewards,
         )
-        for shaper in self.shapers:
+        for spec, shaper in zip(cfg.reward.shapers, self.shapers, strict=True):
+            label, factory = f"reward shaper {spec.name!r}", SHAPERS.get(spec.name)
+            gather(label, factory, step_structure(s.rollouts))
+            before = dict(ctx.structure)
             rewards, m = shaper(rewards, ctx)
             metrics.update(m)
-        structure = {"token_mask": s.rollouts.response_mask, **s.rollouts.extras}
+            new = {k: v for k, v in ctx.structure.items() if before.get(k) is not v}
+            check_produced(label, factory, new, len(rewards))
+            check_declared_made(label, factory, ctx.structure)
+        name = cfg.algorithm.advantage
         advantages = compute_advantages(
-            cfg.algorithm.advantage,
+            name,
             rewards,
             s.group_ids,
-            **accepted(ADVANTAGES.get(cfg.algorithm.advantage), structure, skip=2),
+            **gather(
+                f"advantage estimator {name!r}", ADVANTAGES.get(name), step_structure(s.rollouts)
+            ),
             **cfg.algorithm.advantage_options,
         )
         loss_mask = s.rollouts.response_mask

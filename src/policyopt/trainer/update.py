@@ -20,9 +20,11 @@ from policyopt.core import (
     global_normalisers,
     kl_penalty,
 )
+from policyopt.core.structure import gather
 from policyopt.models.logprobs import response_logprobs
-from policyopt.trainer.batch import StepBatch, accepted, micro_slices, trim
+from policyopt.trainer.batch import StepBatch, micro_slices, trim
 from policyopt.trainer.config import Config
+from policyopt.trainer.structure import slice_structure, step_structure
 
 
 @dataclass
@@ -104,9 +106,8 @@ def _minibatch_step(
     # masked out entirely, e.g. by overlong filtering, is not counted).
     tokens, seqs = global_normalisers(loss_mask[minibatch])
     norms = {"global_tokens": tokens, "global_seqs": seqs, "max_len": cfg.rollout.max_new_tokens}
-    # Per-token structure the loss asks for (HISPO: segment ids, rollout-time entropies).
-    structure = {"entropies": r.entropy, **r.extras}
-    wanted = accepted(POLICY_LOSSES.get(alg.loss), structure, skip=5)
+    # Declared structure the loss needs (HISPO: segment ids, rollout-time entropies).
+    wanted = gather(f"policy loss {alg.loss!r}", POLICY_LOSSES.get(alg.loss), step_structure(r))
     pooled = MetricPool()
     loss_sum = 0.0
     for sl in micro_slices(len(minibatch), cfg.train.micro_batch_size):
@@ -127,7 +128,7 @@ def _minibatch_step(
         if adv.dim() == 2:
             adv = adv[:, :width]
         old = logp.detach() if old_logp is None else old_logp[rows, :width]
-        options = {**{k: v[rows, :width] for k, v in wanted.items()}, **alg.loss_options}
+        options = {**slice_structure(wanted, r.pairwise, rows, width), **alg.loss_options}
         loss, metrics = compute_policy_loss(
             alg.loss,
             logp,

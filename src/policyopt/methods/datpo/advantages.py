@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from policyopt.core.advantages import ADVANTAGES
+from policyopt.core.structure import needs
 from policyopt.methods.datpo.tree import TreeBlocks, node_values, tree_blocks
 
 _ROUNDING = 1e-6  # |A| at or below this (times max(1, max |R|)) is rounding: A = 0
@@ -54,6 +55,7 @@ def per_block(tree: TreeBlocks, per_token: Tensor) -> Tensor:
 
 
 @ADVANTAGES.register("datpo")
+@needs("block_ids", "token_mask", optional=("diversity_bonus",))
 def datpo_advantages(
     rewards: Tensor,
     group_ids: Tensor,

@@ -11,7 +11,8 @@ added to A(b) only where A(b) > 0; d(b) = 0 without siblings. λ anneals linearl
 Design: the bonus needs the training step, which the trainer gives shapers (`ctx.step`,
 `ctx.total_steps`) and not advantage estimators, and it needs A(b), which only the estimator
 knows. So this shaper leaves the rewards unchanged and writes the per-token candidate bonus
-λ(step) · d(b) of every block into `ctx.rollouts.extras["diversity_bonus"]`; the trainer
+λ(step) · d(b) of every block as the declared structure `diversity_bonus` (it `@needs`
+`block_ids` and `@produces` `diversity_bonus`, `policyopt.core.structure`); the trainer
 builds the estimator's inputs from those extras after the shapers run, and the `datpo`
 estimator adds it where A(b) > 0.
 
@@ -32,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from policyopt.core.structure import needs, produces
 from policyopt.methods.datpo.tree import TreeBlocks, siblings, tree_blocks
 from policyopt.models.logprobs import response_logprobs
 from policyopt.rewards.shaping import SHAPERS, RewardShaper, ShapingContext
@@ -146,15 +148,12 @@ class SiblingDiversity(RewardShaper):
         self._minilm: MiniLM | None = None
 
     def __call__(self, rewards: Tensor, ctx: ShapingContext) -> tuple[Tensor, dict[str, float]]:
-        r = ctx.rollouts
-        if "block_ids" not in r.extras:
-            raise ValueError("datpo_diversity needs block_ids: use rollout.strategy=datpo_tree")
-        tree = tree_blocks(r.extras["block_ids"], r.response_mask, ctx.group_ids)
+        tree = tree_blocks(ctx.structure["block_ids"], ctx.rollouts.response_mask, ctx.group_ids)
         coef = diversity_coef(ctx.step, ctx.total_steps, self.coef_start, self.coef_end)
         dist = sibling_distance(self.embed(tree, ctx), siblings(tree))
         valid = tree.token_block >= 0
-        r.extras["diversity_bonus"] = torch.where(
-            valid, coef * dist[tree.token_block.clamp(min=0)], 0.0
+        ctx.add_structure(
+            {"diversity_bonus": torch.where(valid, coef * dist[tree.token_block.clamp(min=0)], 0.0)}
         )
         return rewards, {"datpo/diversity_coef": coef, "datpo/sibling_distance": float(dist.mean())}
 
@@ -167,6 +166,8 @@ class SiblingDiversity(RewardShaper):
 
 
 @SHAPERS.register("datpo_diversity")
+@needs("block_ids")
+@produces("diversity_bonus")
 def datpo_diversity(
     *, coef_start: float = COEF_START, coef_end: float = COEF_END, embedder: str = "auto"
 ) -> RewardShaper:

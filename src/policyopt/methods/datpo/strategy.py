@@ -24,6 +24,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
+from policyopt.core.structure import produces
 from policyopt.methods.datpo.budget import adaptive_budget
 from policyopt.methods.datpo.forks import candidate_scores, choose_forks
 from policyopt.rollout.base import (
@@ -42,6 +43,7 @@ B_MAX = 4  # SPEC §4.2: not published, default 4
 
 
 @ROLLOUT_STRATEGIES.register("datpo_tree")
+@produces("block_ids")
 def datpo_tree(
     engine: RolloutEngine,
     prompts: list[list[int]],

@@ -1,0 +1,105 @@
+"""Declared structure of a configured run: who produces what, checked before anything runs.
+
+Parts declare what they hand on and what they take (`policyopt.core.structure`). A step
+produces structure in this order: the rollout strategy, the annotators, the reward functions,
+then each shaper in turn; the advantage estimator and the policy loss read what is there at
+the end. `check_config_structure` walks a config in that order and raises a
+`MissingStructureError` for a part whose required input no earlier configured part
+produces, naming the registered parts that would; `gather` (core) repeats the check at run
+time on the actual values, so that a producer that did not deliver is caught too.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from policyopt.core.structure import (
+    BUILTIN,
+    MissingStructureError,
+    missing_message,
+    needs_of,
+    optional_needs_of,
+    produces_of,
+)
+
+if TYPE_CHECKING:
+    from policyopt.rollout.base import Rollouts
+    from policyopt.trainer.config import Config
+
+
+def configured_parts(config: Config) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
+    """(producers in the order they run, consumers) of a config, each as (label, part).
+
+    Shapers are both: they appear in the producer list at their place in the order, and a
+    shaper's needs are checked against what runs before it."""
+    from policyopt.core import ADVANTAGES, POLICY_LOSSES
+    from policyopt.rewards.functions import load_reward_function
+    from policyopt.rewards.shaping import SHAPERS
+    from policyopt.rollout.strategies import ROLLOUT_ANNOTATORS, ROLLOUT_STRATEGIES
+
+    strategy = config.rollout.strategy
+    producers = [(f"rollout strategy {strategy!r}", ROLLOUT_STRATEGIES.get(strategy))]
+    producers += [
+        (f"rollout annotator {a.name!r}", ROLLOUT_ANNOTATORS.get(a.name))
+        for a in config.rollout.annotators
+    ]
+    producers += [
+        (f"reward function {f.name!r}", load_reward_function(f.name))
+        for f in config.reward.functions
+        if f.name != "task"
+    ]
+    producers += [(f"reward shaper {s.name!r}", SHAPERS.get(s.name)) for s in config.reward.shapers]
+    alg = config.algorithm
+    consumers = [
+        (f"advantage estimator {alg.advantage!r}", ADVANTAGES.get(alg.advantage)),
+        (f"policy loss {alg.loss!r}", POLICY_LOSSES.get(alg.loss)),
+    ]
+    return producers, consumers
+
+
+def check_config_structure(config: Config) -> None:
+    """Every required input of a configured part is produced by a part that runs earlier,
+    and no structure name is also set as an option of its consumer."""
+    producers, consumers = configured_parts(config)
+    made = set(BUILTIN)
+    for label, part in producers:
+        _check_needs(label, part, made)  # a shaper's needs come from the parts before it
+        made.update(produces_of(part))
+    options = (config.algorithm.advantage_options, config.algorithm.loss_options)
+    for (label, part), given in zip(consumers, options, strict=True):
+        _check_needs(label, part, made)
+        clash = sorted((set(needs_of(part)) | set(optional_needs_of(part))) & set(given))
+        if clash:
+            raise MissingStructureError(
+                f"{label}: {clash} is structure the run produces, not an option to set"
+            )
+
+
+def _check_needs(label: str, part: Any, made: set[str]) -> None:
+    for name in needs_of(part):
+        if name not in made:
+            raise MissingStructureError(missing_message(label, name, "this config"))
+
+
+def step_structure(rollouts: Rollouts) -> dict[str, torch.Tensor]:
+    """What consumers may ask for: the built-in values (`core.structure.BUILTIN`) and the
+    rollouts' declared structure."""
+    return {"token_mask": rollouts.response_mask, "entropies": rollouts.entropy, **rollouts.extras}
+
+
+def slice_structure(
+    values: dict[str, torch.Tensor], pairwise: frozenset[str], rows: torch.Tensor, width: int
+) -> dict[str, torch.Tensor]:
+    """Micro-batch `rows` of each value: [N] -> [n], [N, R] -> [n, width], [N, N] -> [n, n]."""
+    out = {}
+    for name, value in values.items():
+        picked = value[rows]
+        if name in pairwise:
+            out[name] = picked[:, rows]
+        elif picked.dim() == 2:
+            out[name] = picked[:, :width]
+        else:
+            out[name] = picked
+    return out
