@@ -127,3 +127,17 @@ LATEXISH = st.lists(
 @given(st.one_of(LATEXISH, st.text(max_size=30)), LATEXISH)
 def test_fuzz_never_raises_and_stays_in_unit_interval(pred, ref):
     assert 0.0 <= formula_reward(pred, ref, timeout_s=3.0) <= 1.0
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0])
+def test_symbols_compare_case_sensitively(timeout_s):
+    # `X` and `x` are different variables: not equivalent, so only 0.2 r_struct is left.
+    # "X+1" vs "x+1": 1 substitution of 3.
+    assert formula_reward("X+1", "x+1", timeout_s=timeout_s) == pytest.approx(0.2 * (1 - 1 / 3))
+    # "Ax=b" vs "ax=b": an equation in A is not one in a (1 substitution of 4).
+    assert formula_reward("Ax=b", "ax=b", timeout_s=timeout_s) == pytest.approx(0.2 * (1 - 1 / 4))
+    # Case kept on both sides, equivalence still found: "1+X" vs "X+1" (Lev 2 of 3).
+    assert formula_reward("1+X", "X+1", timeout_s=timeout_s) == pytest.approx(
+        0.8 + 0.2 * (1 - 2 / 3)
+    )
+    assert formula_reward(r"\frac{N}{M}", r"\frac{N}{M}", timeout_s=timeout_s) == 1.0

@@ -11,7 +11,7 @@ def test_grouped_scores_by_level() -> None:
     task = get_task("arithmetic", train_size=10, eval_size=10)
     rows = [{"level": 1}, {"level": 1}, {"level": 2}, {"level": 2}, {"level": 2}]
     scores = [1.0, 0.0, 1.0, 1.0, 0.5]
-    out = grouped_scores(task, rows, scores)
+    out = grouped_scores(task, rows, scores, correct_threshold=1.0)
     assert out["eval/level_1/accuracy"] == 0.5
     assert out["eval/level_1/reward"] == 0.5
     assert out["eval/level_2/accuracy"] == pytest.approx(2 / 3)
@@ -60,3 +60,38 @@ def test_style_shares_overall_and_per_group() -> None:
 
     with pytest.raises(ValueError, match=r"output styles \['b'\] not in \('a',\)"):
         style_shares(Odd(), [{}], ["x"])
+
+
+def test_evaluation_counts_correct_with_the_training_threshold(small_config, tmp_path) -> None:
+    """One threshold (reward.correct_threshold) decides "correct" in training and in
+    evaluation: a reward of 0.6 is correct under 0.5, in greedy accuracy, per-group accuracy,
+    pass@k and avg@k alike, and not under 1.0 (maj@k also needs a parseable answer, which the
+    untrained model rarely gives)."""
+    from policyopt.trainer.trainer import Trainer
+
+    for threshold, expected in ((0.5, 1.0), (1.0, 0.0)):
+        trainer = Trainer(
+            small_config(tmp_path / str(threshold), f"reward.correct_threshold={threshold}")
+        )
+        try:
+            trainer.task.verify = lambda completion, row: 0.6  # type: ignore[method-assign]
+            out = trainer.evaluate(samples=2)
+        finally:
+            trainer.close()
+        assert out["eval/reward"] == pytest.approx(0.6)
+        for key in ("eval/accuracy", "eval/pass@1", "eval/pass@2", "eval/avg@2"):
+            assert out[key] == expected, key
+        assert all(out[k] == expected for k in out if k.endswith("/accuracy"))
+
+
+def test_grouped_scores_take_the_threshold() -> None:
+    task = get_task("arithmetic", train_size=10, eval_size=10)
+    rows = [{"level": 1}, {"level": 1}]
+    assert (
+        grouped_scores(task, rows, [0.99, 0.5], correct_threshold=0.99)["eval/level_1/accuracy"]
+        == 0.5
+    )
+    assert (
+        grouped_scores(task, rows, [0.99, 0.5], correct_threshold=0.4)["eval/level_1/accuracy"]
+        == 1.0
+    )

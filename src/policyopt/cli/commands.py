@@ -155,6 +155,7 @@ def run_eval(args: argparse.Namespace) -> int:
         samples=config.eval.samples if args.samples is None else args.samples,
         temperature=config.eval.temperature,
         chat=config.model.chat_template,
+        correct_threshold=config.reward.correct_threshold,
     )
     text = json.dumps(result, indent=2)
     if args.json_out:

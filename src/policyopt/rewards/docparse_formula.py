@@ -17,7 +17,8 @@
 Normalisation (for both parsing and r_struct): outer math delimiters ($…$, $$…$$, \\(…\\),
 \\[…\\]) and thin spaces (\\, \\; \\: \\!) are removed, and whitespace is dropped except the
 one space that separates a control word from a following letter (`\\alpha x`). Symbols are
-compared case-insensitively (latex2sympy2_extended's default `lowercase_symbols`). Parsing
+compared case-sensitively: `X` and `x` are different variables (latex2sympy2_extended lowercases
+every symbol by default, `lowercase_symbols`, which we turn off). Parsing
 tries ANTLR's fast SLL prediction first, with full LL only where SLL misleads on common
 input; a parse that succeeds that way is the one full LL gives (`_fast_latex2sympy`), and a
 failure is retried with full LL.
@@ -273,7 +274,14 @@ def _parse(latex: str) -> Any:
             return fast(latex)
         except Exception:  # a syntax error of the input, or one of SLL's: full LL decides
             pass
-    return latex2sympy(latex)
+    return latex2sympy(latex, conversion_config=_conversion_config())
+
+
+def _conversion_config() -> Any:
+    """latex2sympy2_extended's defaults, but symbols keep their case (`X` is not `x`)."""
+    from latex2sympy2_extended.latex2sympy2 import ConversionConfig
+
+    return ConversionConfig(lowercase_symbols=False)
 
 
 @lru_cache(maxsize=1)
@@ -302,7 +310,7 @@ def _fast_latex2sympy() -> Callable[[str], Any] | None:
             if state.ruleIndex == parser_class.RULE_atom_expr
         )
         base, normalize = l2s._Latex2Sympy, l2s.normalize_latex
-        normalization, conversion = l2s.NormalizationConfig, l2s.ConversionConfig
+        normalization = l2s.NormalizationConfig
     except (ImportError, AttributeError):
         return None
     if not callable(getattr(base, "create_parser", None)):  # the method overridden below
@@ -324,8 +332,8 @@ def _fast_latex2sympy() -> Callable[[str], Any] | None:
             return parser
 
     def convert(latex: str) -> Any:
-        # latex2sympy(latex) with its defaults, through Converter.
-        converter = Converter(None, None, False, config=conversion())
+        # latex2sympy(latex, conversion_config=_conversion_config()), through Converter.
+        converter = Converter(None, None, False, config=_conversion_config())
         return converter.parse(normalize(latex, normalization()))
 
     return convert

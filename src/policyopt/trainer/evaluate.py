@@ -1,4 +1,10 @@
-"""Held-out evaluation: greedy accuracy, and pass@k / avg@k / maj@k from k samples."""
+"""Held-out evaluation: greedy accuracy, and pass@k / avg@k / maj@k from k samples.
+
+A sample is correct when its task reward is >= `correct_threshold`, the config's
+`reward.correct_threshold`: the one value training (accuracy, `rollout_phase`) and
+evaluation both count with, so that e.g. DocPO's continuous rewards count as correct from
+0.99 in both. It has no default here, so no caller can count with another value.
+"""
 
 from __future__ import annotations
 
@@ -23,16 +29,18 @@ def evaluate(
     temperature: float = 1.0,
     chat: bool = False,
     ks: list[int] | None = None,
+    correct_threshold: float,
 ) -> dict[str, float]:
-    """Greedy accuracy over `rows`; with `samples` = n > 0 also pass@k, avg@n and maj@n."""
+    """Greedy accuracy over `rows`; with `samples` = n > 0 also pass@k, avg@n and maj@n.
+    A reward >= `correct_threshold` is correct (module docstring)."""
     picked = [rows[i] for i in range(len(rows))]
     _, ids = encode_prompts(task, tokenizer, picked, chat)
     greedy = engine.generate(ids, SamplingParams(max_new_tokens=max_new_tokens, greedy=True))
     texts = decode(tokenizer, greedy)
     scores = [task.verify(t, row) or 0.0 for t, row in zip(texts, picked, strict=True)]
-    out = {"eval/accuracy": sum(s >= 1.0 for s in scores) / len(scores)}
+    out = {"eval/accuracy": sum(s >= correct_threshold for s in scores) / len(scores)}
     out["eval/reward"] = sum(scores) / len(scores)
-    out.update(grouped_scores(task, picked, scores))
+    out.update(grouped_scores(task, picked, scores, correct_threshold))
     out.update(style_shares(task, picked, texts))
     if samples <= 0:
         return out
@@ -44,7 +52,7 @@ def evaluate(
     avg_sum = maj_sum = 0.0
     for i, row in enumerate(picked):
         mine = texts[i * samples : (i + 1) * samples]
-        correct = [(task.verify(t, row) or 0.0) >= 1.0 for t in mine]
+        correct = [(task.verify(t, row) or 0.0) >= correct_threshold for t in mine]
         c = sum(correct)
         for k in ks:
             pass_sums[k] += pass_at_k(samples, c, k)
@@ -84,8 +92,11 @@ def style_shares(task: Task, rows: list[dict[str, Any]], texts: list[str]) -> di
     }
 
 
-def grouped_scores(task: Task, rows: list[dict[str, Any]], scores: list[float]) -> dict[str, float]:
-    """Greedy accuracy and mean reward per value of the task's `eval_group_column`."""
+def grouped_scores(
+    task: Task, rows: list[dict[str, Any]], scores: list[float], correct_threshold: float
+) -> dict[str, float]:
+    """Greedy accuracy (reward >= `correct_threshold`) and mean reward per value of the
+    task's `eval_group_column`."""
     column = task.eval_group_column
     if column is None:
         return {}
@@ -94,6 +105,6 @@ def grouped_scores(task: Task, rows: list[dict[str, Any]], scores: list[float]) 
         groups.setdefault(f"{column}_{row[column]}", []).append(score)
     out: dict[str, float] = {}
     for name, values in sorted(groups.items()):
-        out[f"eval/{name}/accuracy"] = sum(v >= 1.0 for v in values) / len(values)
+        out[f"eval/{name}/accuracy"] = sum(v >= correct_threshold for v in values) / len(values)
         out[f"eval/{name}/reward"] = sum(values) / len(values)
     return out

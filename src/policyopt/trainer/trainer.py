@@ -318,6 +318,7 @@ class Trainer:
                 samples=cfg.eval.samples if samples is None else samples,
                 temperature=cfg.eval.temperature,
                 chat=cfg.model.chat_template,
+                correct_threshold=cfg.reward.correct_threshold,
             )
 
     def close(self) -> None:
