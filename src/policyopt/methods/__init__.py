@@ -7,6 +7,7 @@ from policyopt.methods import (
     docpo,  # noqa: F401
     gar,  # noqa: F401
     hispo,  # noqa: F401
+    srpo,  # noqa: F401
 )
 from policyopt.methods.presets import PRESETS, register_preset
 

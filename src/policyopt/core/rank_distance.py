@@ -1,0 +1,130 @@
+"""Distances between rankings of the same n items: Kendall's, and a top-weighted Kendall.
+
+The top weighting (SRPO's is unpublished; SPEC §6 asks for one that is a metric and makes
+disagreements near the top cost more) is the L1 distance between pair embeddings. For a
+ranking σ with pos_σ(a) the 1-based position of item a, and every item pair a < b,
+
+    Φ_ab(σ) = sgn_σ(a, b) · w(min(pos_σ(a), pos_σ(b)))
+    d(σ, τ) = ½ Σ_{a<b} |Φ_ab(σ) − Φ_ab(τ)|
+
+sgn_σ(a, b) = +1 when σ puts a above b, −1 otherwise; w(p) is the weight of the pair's better
+position: w(p) = 1/log2(1 + p) (NDCG's discount) for `weighting="top"`, w ≡ 1 for
+`"uniform"`. So a discordant pair costs (w_σ + w_τ)/2, the mean of its top position's weight
+in the two rankings, and a concordant pair whose better position moved costs |w_σ − w_τ|/2.
+With w ≡ 1 only discordant pairs count, 1 each: the plain Kendall distance.
+
+Why it is a metric (on permutations; property-tested): d is half the L1 norm of Φ(σ) − Φ(τ),
+so it is non-negative, symmetric and obeys the triangle inequality (those of the L1 norm).
+And d(σ, τ) = 0 only if σ = τ: w > 0, so Φ(σ) = Φ(τ) means every pair has the same order in
+both, which fixes the ranking.
+
+Top-heavy: swapping ranks 1 and 2 of n items costs 2·w(1)/2 + (n − 2)·(w(1) − w(2)) =
+1 + 0.37(n − 2); swapping the last two costs w(n − 1) only.
+
+Top-k lists (`k`): with w(p) = 0 for p > k, a pair ranked below k in both rankings costs
+nothing and a pair with an item in a top k has its sign fixed by the top-k list, so d
+depends only on the two top-k lists (any completion of the tails gives the same value); it
+is a metric on top-k lists (a pseudo-metric on full rankings). `normalize` divides by the
+distance between a ranking and its reverse (the same for every ranking, since d depends on
+positions only), so d is in [0, 1] for full rankings.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+WEIGHTINGS = ("top", "uniform")
+
+
+def position_weights(n: int, weighting: str, k: int | None = None) -> Tensor:
+    """w(p) for positions p = 1..n (float64), zero past the cutoff k."""
+    p = torch.arange(1, n + 1, dtype=torch.float64)
+    if weighting == "top":
+        w = 1.0 / torch.log2(1.0 + p)
+    elif weighting == "uniform":
+        w = torch.ones(n, dtype=torch.float64)
+    else:
+        raise ValueError(f"unknown weighting {weighting!r}; valid: {', '.join(WEIGHTINGS)}")
+    if k is not None:
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        w[k:] = 0.0
+    return w
+
+
+def check_permutations(rankings: Tensor) -> None:
+    """Each row must be a permutation of 0..n-1."""
+    if rankings.dim() != 2:
+        raise ValueError(f"rankings must be [G, n], got shape {tuple(rankings.shape)}")
+    if rankings.is_floating_point():
+        raise ValueError(f"rankings must hold item indices (integers), got {rankings.dtype}")
+    n = rankings.shape[1]
+    expected = torch.arange(n, device=rankings.device)
+    bad = (rankings.sort(dim=1).values != expected).any(dim=1)
+    if bad.any():
+        row = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"rankings[{row}] = {rankings[row].tolist()} is not a permutation of 0..{n - 1}"
+        )
+
+
+def pair_embedding(rankings: Tensor, weights: Tensor) -> Tensor:
+    """Φ(σ) [G, n(n−1)/2] of each ranking (module docstring), pairs a < b in triu order."""
+    g, n = rankings.shape
+    pos = torch.empty_like(rankings)
+    pos.scatter_(1, rankings, torch.arange(n, device=rankings.device).expand(g, n))
+    a, b = torch.triu_indices(n, n, offset=1, device=rankings.device)
+    pa, pb = pos[:, a], pos[:, b]
+    sign = torch.where(pa < pb, 1.0, -1.0).to(torch.float64)
+    return sign * weights.to(rankings.device)[torch.minimum(pa, pb)]
+
+
+def kendall_distances(
+    rankings: Tensor,
+    weighting: str = "top",
+    normalize: bool = True,
+    *,
+    k: int | None = None,
+) -> Tensor:
+    """Pairwise distances [G, G] (float32) between rankings [G, n] of the same n items.
+
+    Row i lists item indices best first (a permutation of 0..n-1). `weighting="uniform"`,
+    `normalize=False` is the number of discordant pairs; `"top"` the top-weighted metric of
+    the module docstring; `k` cuts the weights at position k (distances between top-k lists).
+    """
+    check_permutations(rankings)
+    n = rankings.shape[1]
+    weights = position_weights(n, weighting, k)
+    if n < 2:
+        return torch.zeros(rankings.shape[0], rankings.shape[0])
+    phi = pair_embedding(rankings, weights)
+    dist = 0.5 * torch.cdist(phi, phi, p=1)
+    if normalize:
+        ends = torch.stack([torch.arange(n), torch.arange(n - 1, -1, -1)]).to(rankings.device)
+        e = pair_embedding(ends, weights)
+        dist = dist / (0.5 * (e[0] - e[1]).abs().sum())
+    return dist.float()
+
+
+def complete_rankings(top: Tensor, n: int) -> Tensor:
+    """Full rankings [G, n] from top lists [G, m] (item indices; entries < 0 are padding,
+    e.g. a shorter parsed list): each row's listed items first, in order, then the items it
+    does not list in increasing index. Repeated or out-of-range items are an error."""
+    if top.dim() != 2:
+        raise ValueError(f"top lists must be [G, m], got shape {tuple(top.shape)}")
+    g, m = top.shape
+    if (top >= n).any():
+        raise ValueError(f"top lists hold item indices >= n = {n}")
+    # Sort key per item: its listed position, or m + its index when unlisted.
+    key = (m + torch.arange(n, device=top.device)).expand(g, n).clone()
+    valid = top >= 0
+    rows, cols = valid.nonzero(as_tuple=True)
+    items = top[rows, cols]
+    seen = torch.zeros(g, n, dtype=torch.long, device=top.device)
+    seen.index_put_((rows, items), torch.ones_like(items), accumulate=True)
+    if (seen > 1).any():
+        row = int((seen > 1).any(1).nonzero()[0, 0])
+        raise ValueError(f"top list {row} repeats an item: {top[row].tolist()}")
+    key[rows, items] = cols
+    return key.argsort(dim=1)

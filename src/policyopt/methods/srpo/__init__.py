@@ -1,0 +1,28 @@
+"""SRPO: structure-aware relative policy optimization for ranking (arXiv 2607.25268).
+
+The policy is a Plackett–Luce distribution over a query's candidate items; a rollout is a
+sampled ranking (its "tokens" are the items placed at each position). SRPO's parts: the
+`srpo` advantage (reward differences over ranking distances), ranking distances between a
+group's rollouts, and the usual per-position clipped loss. The pure functions live in
+`policyopt.core` (the ranking policy and the engine use them too) and are re-exported here.
+"""
+
+from policyopt.core.ndcg import ndcg, ndcg_at_k
+from policyopt.core.plackett_luce import (
+    plackett_luce_entropy,
+    plackett_luce_logprobs,
+    sample_rankings,
+)
+from policyopt.core.rank_distance import complete_rankings, kendall_distances
+from policyopt.methods.srpo.advantage import srpo_advantages
+
+__all__ = [
+    "complete_rankings",
+    "kendall_distances",
+    "ndcg",
+    "ndcg_at_k",
+    "plackett_luce_entropy",
+    "plackett_luce_logprobs",
+    "sample_rankings",
+    "srpo_advantages",
+]

@@ -1,0 +1,174 @@
+"""Kendall and top-weighted Kendall distances: O(n^2) loops and metric properties."""
+
+import itertools
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policyopt.core.rank_distance import complete_rankings, position_weights
+from policyopt.methods.srpo import kendall_distances
+
+
+def kendall_loop(a: list[int], b: list[int]) -> int:
+    """Discordant pairs by an O(n^2) loop over item pairs."""
+    pa = {item: p for p, item in enumerate(a)}
+    pb = {item: p for p, item in enumerate(b)}
+    return sum(
+        (pa[x] - pa[y]) * (pb[x] - pb[y]) < 0 for x, y in itertools.combinations(range(len(a)), 2)
+    )
+
+
+def top_loop(a: list[int], b: list[int], k: int | None = None) -> float:
+    """The top-weighted distance by its per-pair definition: a discordant pair costs the
+    mean of w(better position) in the two rankings, a concordant one half their difference."""
+    w = lambda p: (1 / math.log2(2 + p)) if k is None or p < k else 0.0  # noqa: E731
+    pa = {item: p for p, item in enumerate(a)}
+    pb = {item: p for p, item in enumerate(b)}
+    total = 0.0
+    for x, y in itertools.combinations(range(len(a)), 2):
+        wa, wb = w(min(pa[x], pa[y])), w(min(pb[x], pb[y]))
+        if (pa[x] - pa[y]) * (pb[x] - pb[y]) < 0:
+            total += (wa + wb) / 2
+        else:
+            total += abs(wa - wb) / 2
+    return total
+
+
+def perms(n: int, count: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(n, generator=g) for _ in range(count)])
+
+
+def test_uniform_unnormalised_is_kendall_count():
+    r = perms(7, 6, 0)
+    d = kendall_distances(r, weighting="uniform", normalize=False)
+    for i, j in itertools.product(range(6), repeat=2):
+        assert float(d[i, j]) == kendall_loop(r[i].tolist(), r[j].tolist())
+
+
+def test_hand_computed():
+    # (0,1,2) vs (1,0,2): one discordant pair; top: pair {0,1} costs w(1) = 1, pairs {0,2}
+    # and {1,2} are concordant with better positions 1 -> 2 and 2 -> 1: |1 − 1/log2 3|/2 each.
+    r = torch.tensor([[0, 1, 2], [1, 0, 2]])
+    assert float(kendall_distances(r, "uniform", False)[0, 1]) == 1.0
+    want = 1 + (1 - 1 / math.log2(3))
+    assert float(kendall_distances(r, "top", False)[0, 1]) == pytest.approx(want, rel=1e-6)
+    # Normalised Kendall: divided by n(n−1)/2 = 3.
+    assert float(kendall_distances(r, "uniform", True)[0, 1]) == pytest.approx(1 / 3)
+
+
+def test_top_matches_per_pair_loop_full_and_cut():
+    r = perms(8, 5, 1)
+    d = kendall_distances(r, "top", normalize=False)
+    dk = kendall_distances(r, "top", normalize=False, k=3)
+    for i, j in itertools.product(range(5), repeat=2):
+        a, b = r[i].tolist(), r[j].tolist()
+        assert float(d[i, j]) == pytest.approx(top_loop(a, b), rel=1e-5)
+        assert float(dk[i, j]) == pytest.approx(top_loop(a, b, k=3), rel=1e-5, abs=1e-7)
+
+
+def test_normalised_reverse_is_one_for_any_ranking():
+    r = perms(6, 4, 2)
+    both = torch.cat([r, r.flip(1)])
+    for weighting in ("top", "uniform"):
+        d = kendall_distances(both, weighting)
+        for i in range(4):
+            assert float(d[i, i + 4]) == pytest.approx(1.0, rel=1e-6)
+        assert float(d.max()) <= 1.0 + 1e-6
+
+
+def test_top_swap_costs_more_than_bottom_swap():
+    n = 10
+    base = torch.arange(n)
+    top, bottom = base.clone(), base.clone()
+    top[[0, 1]] = top[[1, 0]]
+    bottom[[n - 2, n - 1]] = bottom[[n - 1, n - 2]]
+    d = kendall_distances(torch.stack([base, top, bottom]), "top")
+    assert float(d[0, 1]) > float(d[0, 2]) > 0
+    # Uniform: both swaps are one discordant pair.
+    u = kendall_distances(torch.stack([base, top, bottom]), "uniform", normalize=False)
+    assert float(u[0, 1]) == float(u[0, 2]) == 1.0
+
+
+def test_cut_distance_depends_only_on_top_k():
+    # Same top-3 lists, different tails: distance 0 at k = 3, and the same distance to a
+    # third ranking.
+    a = torch.tensor([4, 2, 0, 1, 3, 5])
+    b = torch.tensor([4, 2, 0, 5, 3, 1])
+    c = torch.tensor([2, 5, 4, 0, 1, 3])
+    d = kendall_distances(torch.stack([a, b, c]), "top", k=3)
+    assert float(d[0, 1]) == 0.0
+    assert float(d[0, 2]) == pytest.approx(float(d[1, 2]), rel=1e-6)
+
+
+def test_complete_rankings():
+    top = torch.tensor([[3, 1, -1], [0, 4, 2]])
+    assert complete_rankings(top, 5).tolist() == [[3, 1, 0, 2, 4], [0, 4, 2, 1, 3]]
+    with pytest.raises(ValueError, match="repeats"):
+        complete_rankings(torch.tensor([[1, 1]]), 3)
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="not a permutation"):
+        kendall_distances(torch.tensor([[0, 1, 1]]))
+    with pytest.raises(ValueError, match="unknown weighting"):
+        kendall_distances(torch.tensor([[0, 1]]), weighting="bottom")
+    assert position_weights(3, "top", k=1).tolist() == [1.0, 0.0, 0.0]
+
+
+# ---------------------------------------------------------------- metric properties
+
+
+@st.composite
+def three_rankings(draw):
+    n = draw(st.integers(min_value=1, max_value=9))
+    return [draw(st.permutations(range(n))) for _ in range(3)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(three_rankings(), st.sampled_from(["top", "uniform"]), st.booleans())
+def test_metric_axioms(rankings, weighting, normalize):
+    r = torch.tensor(rankings, dtype=torch.long)
+    d = kendall_distances(r, weighting, normalize).double()
+    for i in range(3):
+        assert float(d[i, i]) == 0.0
+        for j in range(3):
+            assert float(d[i, j]) == pytest.approx(float(d[j, i]), abs=1e-6)  # symmetric
+            # zero iff equal
+            assert (float(d[i, j]) < 1e-9) == (rankings[i] == rankings[j])
+            for m in range(3):  # triangle inequality
+                assert float(d[i, j]) <= float(d[i, m] + d[m, j]) + 1e-5
+
+
+@settings(max_examples=100, deadline=None)
+@given(three_rankings(), st.integers(min_value=1, max_value=4))
+def test_cut_metric_on_top_k_lists(rankings, k):
+    """With a cutoff, zero iff the top-k lists are equal; triangle inequality holds."""
+    r = torch.tensor(rankings, dtype=torch.long)
+    d = kendall_distances(r, "top", normalize=False, k=k).double()
+    for i in range(3):
+        for j in range(3):
+            same_top = rankings[i][:k] == rankings[j][:k]
+            assert (float(d[i, j]) < 1e-9) == same_top
+            for m in range(3):
+                assert float(d[i, j]) <= float(d[i, m] + d[m, j]) + 1e-5
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(min_value=2, max_value=12), st.integers(min_value=0, max_value=10))
+def test_adjacent_swap_cost_decreases_down_the_list(n, p):
+    """Swapping positions p, p+1 costs strictly more the nearer the top."""
+    p = min(p, n - 3) if n >= 3 else 0
+    base = torch.arange(n)
+    rows = [base]
+    for q in (p, p + 1):
+        if q + 1 < n:
+            s = base.clone()
+            s[[q, q + 1]] = s[[q + 1, q]]
+            rows.append(s)
+    d = kendall_distances(torch.stack(rows), "top")
+    if len(rows) == 3:
+        assert float(d[0, 1]) > float(d[0, 2])
