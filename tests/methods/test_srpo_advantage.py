@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from policyopt.core import compute_advantages
+from policyopt.methods import srpo  # noqa: F401  (registers the "srpo" advantage)
 
 
 def loop_srpo(rewards, group_ids, distances, eps=1e-6):
