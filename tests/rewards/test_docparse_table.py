@@ -4,6 +4,7 @@ costs, and fuzzing."""
 
 import random
 import string
+import time
 
 import pytest
 from apted import APTED, Config
@@ -242,3 +243,37 @@ def test_fuzz_in_unit_interval_symmetric_and_one_on_itself(a, b):
     assert 0.0 <= r <= 1.0
     assert r == pytest.approx(table_reward(b, a), abs=1e-12)  # costs and normaliser are symmetric
     assert table_reward(a, a) == (1.0 if parse_html_table(a) is not None else 0.0)
+
+
+# --- Time limit -----------------------------------------------------------------------------
+
+
+def grid(n_rows: int, n_cols: int) -> str:
+    return tbl(*("".join(f"<td>{i * j}</td>" for j in range(n_cols)) for i in range(n_rows)))
+
+
+def test_a_pair_over_the_time_limit_scores_a_logged_zero_and_the_worker_recovers(caplog):
+    # Two 40 x 48 tables: the exact distance takes seconds (~6 s here), so 0.3 s runs out.
+    big_a, big_b = grid(40, 48), grid(48, 40)
+    docparse_table._worker([tbl("<td>1</td>"), tbl("<td>1</td>"), 2.0, 1.0], 60.0)  # started
+    start = time.monotonic()
+    with caplog.at_level("WARNING", logger="policyopt.rewards.docparse_table"):
+        assert table_reward(big_a, big_b, timeout_s=0.3) == 0.0
+    assert time.monotonic() - start < 10
+    assert "no result within 0.3 s" in caplog.text
+    assert not docparse_table._worker.alive()  # killed
+    # The next long pair gets a new worker; its value is the in-process one.
+    long_a = grid(6, 6) + " " * docparse_table.IN_PROCESS_CHARS
+    expected = table_reward(long_a, grid(6, 7), timeout_s=None)
+    assert table_reward(long_a, grid(6, 7), timeout_s=30.0) == expected
+    assert docparse_table._worker.alive()
+
+
+def test_short_pairs_score_in_process_and_long_ones_in_the_worker_with_equal_values():
+    pairs = [(grid(3, 3), grid(3, 4)), (grid(2, 2) + "<b>x</b>", grid(2, 2))]
+    for pred, ref in pairs:
+        padded = pred + " " * docparse_table.IN_PROCESS_CHARS  # same table, now long
+        assert table_reward(padded, ref, timeout_s=30.0) == table_reward(pred, ref)
+        assert teds(padded, ref, timeout_s=30.0) == teds(pred, ref)
+    with pytest.raises(ValueError, match="timeout_s"):
+        table_reward("<table></table>", "<table></table>", timeout_s=0)

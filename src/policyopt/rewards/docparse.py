@@ -28,6 +28,7 @@ from policyopt.rewards.docparse_formula import (
     formula_rewards,
     prefetch_formula_rewards,
 )
+from policyopt.rewards.docparse_table import DEFAULT_TIMEOUT_S as TABLE_TIMEOUT_S
 from policyopt.rewards.docparse_table import table_reward, teds
 from policyopt.rewards.docparse_text import text_reward
 from policyopt.rewards.functions import REWARD_FUNCTIONS, RewardFunction
@@ -54,11 +55,14 @@ def docparse_reward_function(
     content_cost: float = 1.0,
     judge: Judge | None = None,
     formula_timeout_s: float | None = DEFAULT_TIMEOUT_S,
+    table_timeout_s: float | None = TABLE_TIMEOUT_S,
 ) -> RewardFunction:
     """A reward function with TRL's signature scoring each completion against the
     `reference_column` value of its row, with the reward of `kind` ("text", "table",
     "formula"), or with "auto" the reward named by the row's `type_column` value.
     Conversational completions (a list of messages) are scored on the last message's content.
+    A formula check or a table that takes longer than its time limit scores 0 (`None`: no
+    limit, trusted inputs only).
     """
     if kind not in (*ELEMENT_TYPES, "auto"):
         raise ValueError(
@@ -67,7 +71,10 @@ def docparse_reward_function(
     scorers: dict[str, Callable[[str, str], float]] = {
         "text": text_reward,
         "table": functools.partial(
-            table_reward, structure_cost=structure_cost, content_cost=content_cost
+            table_reward,
+            structure_cost=structure_cost,
+            content_cost=content_cost,
+            timeout_s=table_timeout_s,
         ),
     }
 

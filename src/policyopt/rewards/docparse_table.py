@@ -28,6 +28,16 @@ postorder sequences (each cell's tokens followed by its label, other nodes' labe
 
 A string without a parseable `<table>` scores 0 (also when both strings lack one: an output
 that is not a table cannot be rewarded as one). Nothing here raises on any string.
+
+Time limit: hostile output can make the exact distance, a cell comparison or the parse take
+seconds to minutes (two 40 × 48 tables: ~6 s here; two 200,000-character cells: ~4 s), in C
+code that nothing interrupts. So with `timeout_s` set (the default, `DEFAULT_TIMEOUT_S`), a
+pair longer than `IN_PROCESS_CHARS` characters together is scored in a worker process
+(`time_limit.TimedFunction`) that is killed when the limit passes, and the reward is then 0,
+with a warning logged. Pairs up to that size score here: they take milliseconds (two
+~2,000-character tables of 250 cells: ~0.1 s on a loaded 2-core machine), so the tables of
+a training step pay no inter-process cost. `timeout_s=None` scores everything here, without
+a limit (trusted inputs only).
 """
 
 from __future__ import annotations
@@ -44,9 +54,12 @@ from rapidfuzz.distance import Levenshtein
 from rapidfuzz.process import cdist
 
 from policyopt.rewards.docparse_ted import tree_edit_distance
+from policyopt.rewards.time_limit import TIMED_OUT, TimedFunction
 
 CELL_TAGS = ("td", "th")
 MAX_NODE_PAIRS = 4_000_000  # |T_pred| · |T_ref| above which the sequence fallback is used
+DEFAULT_TIMEOUT_S = 5.0  # per pair, as the formula reward's per stage
+IN_PROCESS_CHARS = 2048  # |prediction| + |reference| up to which a pair is scored here
 
 logger = logging.getLogger(__name__)
 
@@ -67,12 +80,41 @@ class HtmlTableTree:
 
 
 def table_reward(
-    prediction: str, reference: str, structure_cost: float = 2.0, content_cost: float = 1.0
+    prediction: str,
+    reference: str,
+    structure_cost: float = 2.0,
+    content_cost: float = 1.0,
+    timeout_s: float | None = DEFAULT_TIMEOUT_S,
 ) -> float:
-    """DocPO table reward in [0, 1]; see the module docstring. Unit costs give TEDS."""
+    """DocPO table reward in [0, 1]; see the module docstring. Unit costs give TEDS.
+    A pair that takes longer than `timeout_s` scores 0 (module docstring: time limit)."""
     _check_costs(structure_cost, content_cost)
     _check_str(prediction, "prediction")
     _check_str(reference, "reference")
+    if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"table_reward: timeout_s must be > 0 or None, got {timeout_s}")
+    if timeout_s is None or len(prediction) + len(reference) <= IN_PROCESS_CHARS:
+        return _table_reward(prediction, reference, structure_cost, content_cost)
+    value = _worker([prediction, reference, structure_cost, content_cost], timeout_s)
+    if value is TIMED_OUT:
+        logger.warning(
+            "table_reward: no result within %.3g s (prediction of %d characters, reference "
+            "of %d); scored 0",
+            timeout_s,
+            len(prediction),
+            len(reference),
+        )
+        return 0.0
+    return float(value)
+
+
+_worker = TimedFunction(__name__, "_table_reward")
+
+
+def _table_reward(
+    prediction: str, reference: str, structure_cost: float, content_cost: float
+) -> float:
+    """The reward, computed here without a time limit."""
     pred = parse_html_table(prediction)
     ref = parse_html_table(reference)
     if pred is None or ref is None:
@@ -90,9 +132,11 @@ def table_reward(
     return min(1.0, max(0.0, 1.0 - distance / max(len(pred), len(ref))))
 
 
-def teds(prediction: str, reference: str) -> float:
+def teds(prediction: str, reference: str, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> float:
     """PubTabNet TEDS: `table_reward` with unit costs."""
-    return table_reward(prediction, reference, structure_cost=1.0, content_cost=1.0)
+    return table_reward(
+        prediction, reference, structure_cost=1.0, content_cost=1.0, timeout_s=timeout_s
+    )
 
 
 def table_edit_distance(
