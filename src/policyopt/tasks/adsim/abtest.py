@@ -1,0 +1,157 @@
+"""A/B tests on the simulator: control (best configuration so far) vs treatment (candidate).
+
+An experiment draws 2U users from the traffic of its day (population shares drawn around
+41/26/14/19% from a Dirichlet, seeded by the experiment's id), splits them at random between
+the arms, and runs each arm's configuration. What it returns:
+
+- observed day-1 signals per arm and per population: per-user means of
+  SIGNALS = (items, impressions, clicks, conversions, revenue), from Poisson counts around the
+  simulator's expectations (finite traffic); and the within-day trajectory per slot of
+  (items, clicks, revenue) per user;
+- with `truth=True`, the true 7-day value per user of each arm and population (the
+  simulator's expectation): the evaluation target, and the "matured" label of an experiment
+  once 7 days have passed since it started (`matured_day = start_day + 7`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from policyopt.tasks.adsim.params import AdParams
+from policyopt.tasks.adsim.simulator import SLOTS, DayResult, run, simulate_day
+from policyopt.tasks.adsim.world import SHARES, Advertisers, Users, make_advertisers, make_users
+
+SIGNALS = ("items", "impressions", "clicks", "conversions", "revenue")
+TRAJECTORY = ("items", "clicks", "revenue")
+HORIZON = 7  # days until an experiment's long-term label matures
+POPS = 4
+
+
+@dataclass
+class ArmSignals:
+    """Observed day-1 signals of one arm."""
+
+    pop_signals: np.ndarray  # [4, len(SIGNALS)] per-user means by population
+    pop_trajectory: np.ndarray  # [4, SLOTS, len(TRAJECTORY)] per-user means by population
+    pop_counts: np.ndarray  # [4] users of each population in the arm
+
+    def aggregate(self) -> np.ndarray:
+        """Per-user means over the whole arm [len(SIGNALS)]."""
+        w = self.pop_counts / self.pop_counts.sum()
+        return w @ self.pop_signals
+
+
+@dataclass
+class Experiment:
+    id: int
+    start_day: int
+    control: AdParams
+    treatment: AdParams
+    shares: np.ndarray  # [4] population shares of the experiment's traffic
+    arms: tuple[ArmSignals, ArmSignals]  # (control, treatment)
+    # True 7-day value per user by arm and population [2, 4]; None until computed.
+    pop_values: np.ndarray | None = None
+
+    @property
+    def matured_day(self) -> int:
+        return self.start_day + HORIZON
+
+    def arm_values(self) -> np.ndarray:
+        """True 7-day value per user of (control, treatment) [2] (user-weighted)."""
+        assert self.pop_values is not None, "experiment run without truth"
+        out = []
+        for a, arm in enumerate(self.arms):
+            w = arm.pop_counts / arm.pop_counts.sum()
+            out.append(float(w @ self.pop_values[a]))
+        return np.array(out)
+
+    @property
+    def effect(self) -> float:
+        """True 7-day effect: treatment's value per user minus control's."""
+        v = self.arm_values()
+        return float(v[1] - v[0])
+
+
+class AdPlatform:
+    """A fixed set of advertisers and the traffic experiments draw users from."""
+
+    def __init__(self, seed: int = 0, advertisers: int = 20, users_per_arm: int = 400) -> None:
+        self.seed = seed
+        self.users_per_arm = users_per_arm
+        self.ads: Advertisers = make_advertisers(advertisers, np.random.default_rng([seed, 1]))
+
+    def traffic(self, experiment_id: int) -> tuple[np.ndarray, Users, np.random.Generator]:
+        rng = np.random.default_rng([self.seed, 2, experiment_id])
+        shares = rng.dirichlet(SHARES * 40)
+        users = make_users(2 * self.users_per_arm, rng, shares)
+        return shares, users, rng
+
+    def eval_users(self, n: int = 2000) -> Users:
+        """A fixed held-out user sample (standard shares) to value configurations on."""
+        return make_users(n, np.random.default_rng([self.seed, 3]))
+
+    def value(self, params: AdParams, users: Users | None = None) -> float:
+        """True mean 7-day value per user of a configuration on `users` (default eval users)."""
+        users = users if users is not None else self.eval_users()
+        return float(run(users, self.ads, params, HORIZON).value.mean())
+
+    def ab_test(
+        self,
+        experiment_id: int,
+        start_day: int,
+        control: AdParams,
+        treatment: AdParams,
+        truth: bool = False,
+    ) -> Experiment:
+        shares, users, rng = self.traffic(experiment_id)
+        order = rng.permutation(len(users))
+        halves = (users.take(order[: self.users_per_arm]), users.take(order[self.users_per_arm :]))
+        arms, values = [], []
+        for arm_users, params in zip(halves, (control, treatment), strict=True):
+            if truth:
+                result = run(arm_users, self.ads, params, HORIZON)
+                day1, per_user = result.day1, result.value
+                values.append(_by_pop(per_user[:, None], arm_users.population)[:, 0])
+            else:
+                n = len(arm_users)
+                day1 = simulate_day(arm_users, self.ads, params, np.zeros(n), np.zeros(n))
+            arms.append(observe(day1, arm_users.population, rng))
+        return Experiment(
+            id=experiment_id,
+            start_day=start_day,
+            control=control,
+            treatment=treatment,
+            shares=shares,
+            arms=(arms[0], arms[1]),
+            pop_values=np.stack(values) if truth else None,
+        )
+
+
+def _by_pop(x: np.ndarray, pop: np.ndarray) -> np.ndarray:
+    """Per-population means of the rows of x [U, ...] -> [4, ...] (0 for an empty one)."""
+    counts = np.bincount(pop, minlength=POPS).astype(float)
+    sums = np.zeros((POPS, *x.shape[1:]))
+    np.add.at(sums, pop, x)
+    return sums / np.maximum(counts, 1).reshape(-1, *([1] * (x.ndim - 1)))
+
+
+def observe(day: DayResult, pop: np.ndarray, rng: np.random.Generator) -> ArmSignals:
+    """Day-1 signals as counted: Poisson draws around the expected per-slot counts."""
+    items = rng.poisson(day.slot_items).astype(float)  # [T, U]
+    clicks = rng.poisson(day.slot_clicks).astype(float)
+    cpc = day.slot_revenue / np.maximum(day.slot_clicks, 1e-12)
+    revenue = clicks * cpc
+    imps = rng.poisson(day.impressions).astype(float)
+    conv = rng.poisson(day.conversions).astype(float)
+    per_user = np.stack([items.sum(0), imps, clicks.sum(0), conv, revenue.sum(0)], 1)
+    traj = np.stack([items, clicks, revenue], -1).transpose(1, 0, 2)  # [U, T, 3]
+    return ArmSignals(
+        pop_signals=_by_pop(per_user, pop),
+        pop_trajectory=_by_pop(traj, pop),
+        pop_counts=np.bincount(pop, minlength=POPS).astype(float),
+    )
+
+
+__all__ = ["SLOTS", "AdPlatform", "ArmSignals", "Experiment", "make_users"]

@@ -1,0 +1,63 @@
+"""The ad allocator's whitelisted parameters and their allowed ranges."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+
+# name -> (low, high): the allowed range of each whitelisted parameter.
+RANGES: dict[str, tuple[float, float]] = {
+    "ad_load": (0.02, 0.30),  # share of feed items that are ads
+    "quality_weight": (0.0, 1.0),  # weight of relevance × quality (vs bid) in the ranking score
+    "pacing_rate": (0.5, 1.5),  # how fast advertisers may spend their daily budget
+    "exploration_rate": (0.0, 0.3),  # share of ad traffic spread uniformly over advertisers
+    "frequency_cap": (1.0, 10.0),  # impressions of one advertiser per user per day
+}
+NAMES = tuple(RANGES)
+
+
+@dataclass(frozen=True)
+class AdParams:
+    ad_load: float = 0.10
+    quality_weight: float = 0.5
+    pacing_rate: float = 1.0
+    exploration_rate: float = 0.05
+    frequency_cap: float = 4.0
+
+    def __post_init__(self) -> None:
+        for name, (lo, hi) in RANGES.items():
+            value = getattr(self, name)
+            if not lo <= value <= hi:
+                raise ValueError(f"ad parameter {name}={value} is outside its range [{lo}, {hi}]")
+
+    def vector(self) -> np.ndarray:
+        """The parameters scaled to [0, 1] by their ranges, in `NAMES` order."""
+        return np.array([(getattr(self, n) - lo) / (hi - lo) for n, (lo, hi) in RANGES.items()])
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    @staticmethod
+    def from_fractions(fractions: dict[str, float]) -> AdParams:
+        """Parameters at the given fractions of their ranges (clipped to [0, 1]); names
+        missing from `fractions` keep their defaults."""
+        unknown = set(fractions) - set(RANGES)
+        if unknown:
+            raise ValueError(f"unknown ad parameter(s) {sorted(unknown)}; valid: {list(NAMES)}")
+        values = {f.name: getattr(AdParams(), f.name) for f in fields(AdParams)}
+        for name, frac in fractions.items():
+            lo, hi = RANGES[name]
+            values[name] = lo + (hi - lo) * float(np.clip(frac, 0.0, 1.0))
+        return AdParams(**values)
+
+    @staticmethod
+    def clipped(values: dict[str, float]) -> AdParams:
+        """Parameters from raw values, each clipped into its range."""
+        base = AdParams().as_dict()
+        for name, v in values.items():
+            if name not in RANGES:
+                raise ValueError(f"unknown ad parameter {name!r}; valid: {list(NAMES)}")
+            lo, hi = RANGES[name]
+            base[name] = float(np.clip(v, lo, hi))
+        return AdParams(**base)

@@ -1,0 +1,64 @@
+"""The starting skill document and a scripted editor (random well-formed edits).
+
+The scripted editor writes the demonstrations the LM editor is warm-started on (SFT): it
+picks a parameter and a level at random and replaces that parameter's rule in its section,
+deletes it, or inserts one. It knows the format, not what is good: which edits raise the
+long-term value is left for RL to find.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from policyopt.tasks.skilldoc.document import MAX_RULES_PER_SECTION, Edit, SkillDocument
+from policyopt.tasks.skilldoc.rule_agent import rule_setting
+
+# parameter -> (section, phrase of its rules)
+PHRASES = {
+    "ad_load": ("ads", "keep ad load"),
+    "frequency_cap": ("ads", "cap repeated ads"),
+    "quality_weight": ("ranking", "set quality weight"),
+    "exploration_rate": ("ranking", "explore new ads"),
+    "pacing_rate": ("budget", "pace budgets"),
+}
+LEVEL_WORDS = ("very low", "low", "medium", "high", "very high")
+
+# A revenue-first start: many ads, ranked by bid, repeated often, budgets spent fast.
+START_DOCUMENT = SkillDocument.from_dict(
+    {
+        "ads": ["keep ad load very high", "cap repeated ads very high"],
+        "ranking": ["set quality weight very low", "explore new ads medium"],
+        "budget": ["pace budgets very high"],
+    }
+)
+
+
+def rule_text(param: str, level: str) -> str:
+    return f"{PHRASES[param][1]} {level}"
+
+
+def random_document(rng: np.random.Generator) -> SkillDocument:
+    """A document with one rule per parameter (each present with probability 0.8) at
+    random levels: the states warm-start demonstrations are written for."""
+    sections: dict[str, list[str]] = {"ads": [], "ranking": [], "budget": []}
+    for param, (section, _) in PHRASES.items():
+        if rng.uniform() < 0.8:
+            sections[section].append(rule_text(param, str(rng.choice(LEVEL_WORDS))))
+    return SkillDocument.from_dict(sections)
+
+
+def scripted_edit(doc: SkillDocument, rng: np.random.Generator) -> Edit:
+    """One random well-formed edit of `doc`."""
+    param = str(rng.choice(list(PHRASES)))
+    section, _ = PHRASES[param]
+    rules = doc.rules(section)
+    where = [i for i, r in enumerate(rules) if (rule_setting(r) or ("",))[0] == param]
+    level = str(rng.choice(LEVEL_WORDS))
+    if where and rng.uniform() < 0.85:
+        i = where[-1]
+        if rng.uniform() < 0.85:
+            return Edit(section, "replace", i, rule_text(param, level))
+        return Edit(section, "delete", i, "")
+    if len(rules) >= MAX_RULES_PER_SECTION:
+        return Edit(section, "delete", 0, "")
+    return Edit(section, "insert", len(rules), rule_text(param, level))

@@ -1,0 +1,118 @@
+"""LRP: no leakage from the memory bank, the fusion formula, the three phases, and the
+surrogate baseline."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from policyopt.methods.dmrl.lrp import LRP
+from policyopt.methods.dmrl.lrp_features import MemoryBank, build_bank, build_samples
+from policyopt.methods.dmrl.lrp_train import LRPTrainConfig, predicted_arm_values, train_lrp
+from policyopt.methods.dmrl.surrogate import SurrogateIndex
+from policyopt.tasks.adsim.abtest import AdPlatform
+from policyopt.tasks.adsim.history import make_history
+
+
+@pytest.fixture(scope="module")
+def history():
+    return make_history(AdPlatform(seed=0, users_per_arm=60), 24, per_day=2)
+
+
+def test_bank_entries_from_the_future_do_not_change_a_prediction(history):
+    torch.manual_seed(0)
+    model = LRP(16).eval()
+    bank = build_bank(history, 10.0, 2.0)
+    s = build_samples(history[18:19])  # starts on day 9: experiments of days 0-2 matured
+    target_day = int(s.start_day[0])
+    later = bank.matured_day > target_day
+    assert later.any() and (~later).any()
+    base = model.predict(s.x_agn, s.x_spe, s.start_day, bank)
+    # scramble every entry that matured after the target started: nothing changes
+    scrambled = MemoryBank(
+        torch.where(later[:, None], torch.randn_like(bank.keys) * 9, bank.keys),
+        torch.where(later[:, None], torch.randn_like(bank.values) * 9, bank.values),
+        bank.matured_day,
+    )
+    torch.testing.assert_close(model.predict(s.x_agn, s.x_spe, s.start_day, scrambled), base)
+    # drop them: nothing changes either
+    kept = MemoryBank(bank.keys[~later], bank.values[~later], bank.matured_day[~later])
+    torch.testing.assert_close(model.predict(s.x_agn, s.x_spe, s.start_day, kept), base)
+
+
+def test_a_visible_entry_does_change_the_prediction(history):
+    torch.manual_seed(0)
+    model = LRP(16).eval()
+    bank = build_bank(history, 10.0, 2.0)
+    s = build_samples(history[-1:])  # the last day: earlier experiments have matured
+    visible = bank.visible(s.start_day)[0]
+    assert visible.any()
+    base = model.predict(s.x_agn, s.x_spe, s.start_day, bank)
+    values = bank.values.clone()
+    values[visible] += 5.0
+    moved = model.predict(
+        s.x_agn, s.x_spe, s.start_day, MemoryBank(bank.keys, values, bank.matured_day)
+    )
+    assert not torch.allclose(moved, base)
+
+
+def test_visibility_rule():
+    bank = MemoryBank(torch.zeros(3, 19), torch.zeros(3, 14), torch.tensor([3, 7, 8]))
+    assert bank.visible(torch.tensor([7])).tolist() == [[True, True, False]]
+
+
+def test_fusion_formula_by_parts(history):
+    torch.manual_seed(1)
+    model = LRP(8).eval()
+    bank = build_bank(history, 10.0, 2.0)
+    s = build_samples(history[-2:])
+    x = (s.x_agn - model.x_mean) / model.x_std
+    z_agn = model.e_agn(x)
+    z_spe = model.e_spe(torch.cat([x, s.x_spe], -1))
+    q = torch.cat([z_agn, z_spe], -1)
+    # attention by hand over the visible entries of each row
+    rows = []
+    for i in range(len(q)):
+        vis = bank.matured_day <= s.start_day[i]
+        a = torch.softmax(model.w_q(q[i]) @ model.w_k(bank.keys[vis]).T / 8**0.5, -1)
+        rows.append(a @ model.w_v(bank.values[vis]))
+    z = z_agn + z_spe + torch.sigmoid(model.gate(q)) * torch.stack(rows)
+    expected = model.head(z).squeeze(-1)
+    got, _ = model(s.x_agn, s.x_spe, s.start_day, bank)
+    torch.testing.assert_close(got, expected)
+
+
+def test_no_visible_entry_means_no_transfer_term(history):
+    model = LRP(8).eval()
+    s = build_samples(history[:1])  # day 0: nothing has matured
+    bank = build_bank(history, 10.0, 2.0)
+    q = torch.randn(s.x_agn.shape[0], 16)
+    assert model.attend(q, s.start_day, bank).abs().max() == 0
+
+
+def test_three_phases_train_and_freeze(history):
+    cfg = LRPTrainConfig(hidden=16, warmup_epochs=30, disc_epochs=10, joint_epochs=10)
+    model, metrics = train_lrp(history, cfg)
+    assert {"lrp/warmup_loss", "lrp/disc_loss", "lrp/joint_loss", "lrp/disc_accuracy"} <= set(
+        metrics
+    )
+    assert not any(p.requires_grad for p in model.parameters())
+    bank = build_bank(history, float(model.y_mean), float(model.y_std))
+    v = predicted_arm_values(model, history, bank)
+    assert v.shape == (len(history), 2) and np.isfinite(v).all()
+
+
+def test_surrogate_recovers_an_exact_linear_relation(history):
+    from policyopt.methods.dmrl.surrogate import day1_deltas
+
+    x = day1_deltas(history)
+    coef = np.array([0.5, -1.0, 2.0, 0.0, 3.0])
+
+    class E:  # an experiment whose effect is exactly linear in its day-1 deltas
+        def __init__(self, e, effect):
+            self.arms, self.effect = e.arms, effect
+
+    fake = [E(e, float(x[i] @ coef + 0.25)) for i, e in enumerate(history)]
+    sur = SurrogateIndex(ridge=0.0).fit(fake)
+    np.testing.assert_allclose(sur.coef, [*coef, 0.25], atol=1e-6)
