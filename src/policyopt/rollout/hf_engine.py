@@ -8,6 +8,11 @@ are done once instead of per token or per row: a group's G copies of a prompt sh
 prefill (its KV cache is copied G times, as tree rollouts do for a fork's prefix), and the KV
 cache lives in buffers sized for the whole response (`transformers`' `DynamicLayer` grows by
 `torch.cat`, copying the whole cache at every token).
+
+`generate_with_cache` also returns the KV caches the sampling left behind (`KeptCache`): row
+r's cache holds its prompt and every response token but the last, so a continuation from any
+position of the response (DATPO's forks, `policyopt.rollout.tree`) starts from it without
+running the prefix through the model again.
 """
 
 from __future__ import annotations
@@ -85,17 +90,35 @@ class HFEngine(RolloutEngine):
         params: SamplingParams,
         on_finished: FinishedFn | None = None,
     ) -> Rollouts:
+        return self._generate(prompts, params, on_finished)[0]
+
+    @torch.no_grad()
+    def generate_with_cache(
+        self, prompts: list[list[int]], params: SamplingParams
+    ) -> tuple[Rollouts, KeptCache]:
+        """`generate`, and the KV caches the sampling filled (module docstring)."""
+        rollouts, parts = self._generate(prompts, params, None)
+        return rollouts, KeptCache(
+            caches=[cache for _, cache, _ in parts],
+            widths=[width for _, _, width in parts],
+            starts=[i * self.batch_size for i in range(len(parts))],
+            prompt_lengths=[len(p) for p in prompts],
+        )
+
+    def _generate(
+        self, prompts: list[list[int]], params: SamplingParams, on_finished: FinishedFn | None
+    ) -> tuple[Rollouts, list[tuple[Rollouts, object, int]]]:
         if not prompts:
             raise ValueError("generate() got no prompts")
         parts = [
             self._generate_batch(prompts[i : i + self.batch_size], params, _shifted(on_finished, i))
             for i in range(0, len(prompts), self.batch_size)
         ]
-        return concat_rollouts(parts, self.pad_id)
+        return concat_rollouts([r for r, _, _ in parts], self.pad_id), parts
 
     def _generate_batch(
         self, prompts: list[list[int]], params: SamplingParams, on_finished: FinishedFn | None
-    ) -> Rollouts:
+    ) -> tuple[Rollouts, object, int]:
         was_training = self.model.training
         self.model.eval()
         try:
@@ -105,7 +128,8 @@ class HFEngine(RolloutEngine):
 
     def _sample(
         self, prompts: list[list[int]], params: SamplingParams, on_finished: FinishedFn | None
-    ) -> Rollouts:
+    ) -> tuple[Rollouts, object, int]:
+        """(rollouts, the KV cache decoding left behind, the left-padded prompt width)."""
         # Identical prompts (a group's G copies) are prefilled once; row r continues unique
         # prompt `copy[r]`, from a copy of its KV cache and last logits.
         unique: dict[tuple[int, ...], int] = {}
@@ -138,7 +162,8 @@ class HFEngine(RolloutEngine):
                 params,
                 on_finished,
             )
-        return to_rollouts(prefix_ids[copy], prefix_mask[copy], decoded, hidden_steps)
+        rollouts = to_rollouts(prefix_ids[copy], prefix_mask[copy], decoded, hidden_steps)
+        return rollouts, decoded.cache, prefix_ids.shape[1]
 
     def decode(
         self,
@@ -206,6 +231,7 @@ class HFEngine(RolloutEngine):
             entropy=torch.stack(ents, 1),
             mask=torch.stack(alive_steps, 1).float(),
             finished=finished,
+            cache=cache,
         )
 
 
@@ -218,13 +244,35 @@ def _shifted(on_finished: FinishedFn | None, offset: int) -> FinishedFn | None:
 
 @dataclass
 class Decoded:
-    """What `HFEngine.decode` sampled: [n, steps] tensors and `finished` [n] (ended by EOS)."""
+    """What `HFEngine.decode` sampled: [n, steps] tensors, `finished` [n] (ended by EOS), and
+    the KV cache: the prefix and every sampled token but the last (never fed back)."""
 
     tokens: torch.Tensor
     logp: torch.Tensor
     entropy: torch.Tensor
     mask: torch.Tensor
     finished: torch.Tensor
+    cache: object = None
+
+
+@dataclass
+class KeptCache:
+    """The KV caches of one `generate_with_cache` call, one per engine batch (chunk).
+
+    Row r (of the call's prompts) is row r − starts[c] of chunk c's cache, whose first
+    widths[c] columns are the chunk's left-padded prompts (row r's prompt in the last
+    prompt_lengths[r]); column widths[c] + k holds response token k, for every token but
+    the row's last."""
+
+    caches: list[object]
+    widths: list[int]
+    starts: list[int]
+    prompt_lengths: list[int]
+
+    def locate(self, row: int) -> tuple[object, int, int]:
+        """(chunk cache, row in it, its prompt width) of row `row`."""
+        c = max(i for i, start in enumerate(self.starts) if start <= row)
+        return self.caches[c], row - self.starts[c], self.widths[c]
 
 
 def preallocate(cache: object, extra: int) -> object:

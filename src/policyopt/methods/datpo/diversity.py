@@ -1,6 +1,8 @@
 """DATPO's sibling-diversity bonus (SPEC §4.5), as the `datpo_diversity` reward shaper.
 
-For a block b with siblings S(b) (the other blocks that start at the same node),
+For a block b with siblings S(b) (the other branches of the fork it starts at: blocks with
+the same parent block; the base rollouts' first blocks start at the root, not at a fork, and
+have none),
 
     d(b) = mean_{s ∈ S(b)} (1 − cos(e_b, e_s)),      bonus(b) = λ(step) · d(b),
 

@@ -81,8 +81,12 @@ def node_values(tree: TreeBlocks, rewards: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def siblings(tree: TreeBlocks) -> Tensor:
-    """[B, B] bool: blocks that start at the same node (same parent, or both at the same
-    root), a block not being its own sibling."""
+    """[B, B] bool: the branches of one fork, i.e. blocks with the same parent block (the
+    base's own continuation and the branches sampled there), a block not being its own
+    sibling. Blocks that start at the root are the base rollouts, sampled independently
+    rather than forked: they are not siblings of each other (SPEC §4.5: "same fork")."""
+    forked = tree.parent >= 0
     same_parent = tree.parent[:, None] == tree.parent[None, :]
     same_group = tree.group[:, None] == tree.group[None, :]
-    return same_parent & same_group & ~torch.eye(tree.num_blocks, dtype=torch.bool)
+    alone = ~torch.eye(tree.num_blocks, dtype=torch.bool)
+    return same_parent & same_group & forked[:, None] & forked[None, :] & alone
