@@ -15,7 +15,7 @@ from policyopt.models.logprobs import response_logprobs
 from policyopt.rewards.shaping import ShapingContext
 from policyopt.rollout.base import Rollouts, SamplingParams
 from policyopt.rollout.hf_engine import HFEngine
-from policyopt.rollout.tree import sample_branches
+from policyopt.rollout.tree import branches_from_cache, sample_branches
 from policyopt.trainer.config import load_config
 from policyopt.trainer.trainer import Trainer
 from run_configs import small_overrides
@@ -70,6 +70,72 @@ def test_branches_respect_their_budgets_and_sample_independently(tiny):
     assert out.generated_tokens == int(out.lengths.sum())
 
 
+def test_branches_from_the_kept_base_cache_equal_branches_from_a_fresh_prefill(tiny):
+    model, tok = tiny
+    # batch_size 4: the 6 bases come from two engine batches (two caches, two prompt widths).
+    engine = HFEngine(model, tok, batch_size=4, generator=torch.Generator().manual_seed(3))
+    prompts = [encode(tok, "12+7=?"), encode(tok, "((3+4)-1)*2=?"), encode(tok, "9-2=?")] * 2
+    base, kept = engine.generate_with_cache(prompts, SamplingParams(max_new_tokens=14))
+    rows = [r for r in range(len(prompts)) if int(base.lengths[r]) >= 3]
+    assert len(rows) >= 3
+    at = [1 if r % 2 else int(base.lengths[r]) - 1 for r in rows]  # earliest and latest forks
+    budgets = [14 - t for t in at]
+    branches = [1 + r % 2 for r in rows]
+    greedy = SamplingParams(max_new_tokens=14, greedy=True, with_hidden=True)
+    got = branches_from_cache(engine, kept, base, rows, at, budgets, branches, greedy)
+    prefixes = [
+        prompts[r] + base.response_ids[r, :t].tolist() for r, t in zip(rows, at, strict=True)
+    ]
+    want = sample_branches(engine, prefixes, budgets, branches, greedy)
+    assert len(got) == len(want) == sum(branches)
+    assert torch.equal(got.lengths, want.lengths) and torch.equal(got.truncated, want.truncated)
+    assert torch.equal(got.response_ids, want.response_ids)
+    assert torch.equal(got.prompt_ids, want.prompt_ids)  # prompt + the kept tokens
+    for name in ("logp", "entropy", "hidden"):
+        torch.testing.assert_close(getattr(got, name), getattr(want, name), atol=1e-4, rtol=0)
+    assert got.generated_tokens == want.generated_tokens == int(got.lengths.sum())
+    with pytest.raises(ValueError, match="outside"):
+        branches_from_cache(engine, kept, base, [rows[0]], [0], [3], [1], greedy)
+
+
+def test_tree_forks_run_no_prefix_through_the_model(tiny):
+    """With the kept cache, every forward after the bases' prefill feeds one token per row;
+    without it, each fork's prefix is prefilled again. Same seed, same leaves either way."""
+    model, tok = tiny
+    prompts = [encode(tok, "((7+12)-5)+9=?"), encode(tok, "(8-2)*3=?")]
+    scores = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0, 1.0])  # V = 1/3 each: a tree grows
+    leaves, widths = {}, {}
+    for reuse in (True, False):
+        engine = HFEngine(model, tok, generator=torch.Generator().manual_seed(5))
+        seen: list[int] = []
+        hook = model.get_input_embeddings().register_forward_hook(
+            lambda _m, args, _out, seen=seen: seen.append(args[0].shape[1])
+        )
+        try:
+            leaves[reuse], _ = datpo_tree(
+                engine,
+                prompts,
+                SamplingParams(max_new_tokens=16),
+                group_size=8,
+                score=lambda r, i: scores,
+                n_base=3,
+                fork_unit="token",
+                reuse_kv_cache=reuse,
+            )
+        finally:
+            hook.remove()
+        widths[reuse] = seen
+    a, b = leaves[True], leaves[False]
+    assert len(a) > 6 and torch.equal(a.response_ids, b.response_ids)
+    assert torch.equal(a.extras["block_ids"], b.extras["block_ids"])
+    assert a.generated_tokens == b.generated_tokens
+    torch.testing.assert_close(a.logp, b.logp, atol=1e-4, rtol=0)
+    prompt_width = max(map(len, prompts))
+    assert widths[True][0] == prompt_width  # the bases' prefill
+    assert all(w == 1 for w in widths[True][1:])  # forks: one token per row, never a prefix
+    assert max(widths[False][1:]) > prompt_width  # a prefix prefilled again
+
+
 # ------------------------------------------------------------------ the tree strategy
 class FixedBaseEngine(HFEngine):
     """Base rollouts are given texts (with given entropies); branches come from the model."""
@@ -117,6 +183,7 @@ def test_sentence_forks_share_the_base_prefix_with_exact_token_counts(tiny):
         n_base=2,
         k_max=2,
         b_max=4,
+        reuse_kv_cache=False,  # the bases are given texts: no cache of theirs
     )
     assert len(leaves) == 4 and index.tolist() == [0, 0, 0, 0]
     base_ids = leaves.response_ids[0]
@@ -143,6 +210,7 @@ def test_sentence_forks_share_the_base_prefix_with_exact_token_counts(tiny):
         n_base=2,
         k_max=4,
         b_max=2,
+        reuse_kv_cache=False,
     )
     assert len(leaves) == 4
     assert leaves.extras["block_ids"][0, :23].tolist() == [0] * 9 + [1] * 9 + [2] * 5
@@ -156,6 +224,7 @@ def test_sentence_forks_share_the_base_prefix_with_exact_token_counts(tiny):
         group_size=8,
         score=lambda r, i: torch.ones(2),
         n_base=2,
+        reuse_kv_cache=False,
     )
     assert len(leaves) == 2 and leaves.generated_tokens == 27
 

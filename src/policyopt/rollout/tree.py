@@ -26,7 +26,6 @@ the response limit); a continuation that reaches its budget without EOS is trunc
 from __future__ import annotations
 
 import torch
-
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from policyopt.rollout.base import Rollouts, SamplingParams, concat_rollouts
@@ -162,7 +161,9 @@ def branches_from_cache(
     parts, chunk, count = [], [], 0
     for j in jobs:  # pack forks while their branches fit in one engine batch
         if chunk and count + branches[j] > engine.batch_size:
-            parts.append(_from_cache(engine, kept, base, rows, at, budgets, branches, chunk, params))
+            parts.append(
+                _from_cache(engine, kept, base, rows, at, budgets, branches, chunk, params)
+            )
             chunk, count = [], 0
         chunk.append(j)
         count += branches[j]

@@ -3,10 +3,14 @@
 Per prompt: `n_base` base rollouts are sampled and scored; V(root) = their mean reward sets
 the budget (K̂, B̂) = `adaptive_budget(V(root), k_max, b_max)`; each base rollout forks at the
 starts of its K̂ highest-entropy sentences (`forks.py`), with B̂ branches per fork. A branch
-is the prompt + the base's tokens before the fork, continued by sampling from the prefix's
-KV cache (`policyopt.rollout.tree.sample_branches`): the prefix is neither recomputed per
-branch nor counted as generated. A leaf's response holds the whole path, prefix included,
-with the prefix's sampling log-probs and entropies copied from its base.
+is the prompt + the base's tokens before the fork, continued by sampling from the KV cache
+the base's own sampling filled (`HFEngine.generate_with_cache`,
+`policyopt.rollout.tree.branches_from_cache`): the prefix is not run through the model again
+(one single-token forward per fork), nor counted as generated. The bases' caches are kept
+until the branches are sampled (through scoring). `reuse_kv_cache=False` drops them after
+sampling and prefills each fork's prefix once instead (`sample_branches`): less memory, more
+compute, the same branches. A leaf's response holds the whole path, prefix included, with
+the prefix's sampling log-probs and entropies copied from its base.
 
 Returned: every leaf (base rollouts first, then branches) with its prompt index, and in
 `extras["block_ids"]` [N, R] the id of the block each response token belongs to (blocks are
@@ -26,7 +30,7 @@ from torch import Tensor
 
 from policyopt.core.structure import produces
 from policyopt.methods.datpo.budget import adaptive_budget
-from policyopt.methods.datpo.forks import candidate_scores, choose_forks
+from policyopt.methods.datpo.forks import candidate_scores, choose_forks, token_pieces
 from policyopt.rollout.base import (
     FinishedFn,
     RolloutEngine,
@@ -35,7 +39,7 @@ from policyopt.rollout.base import (
     concat_rollouts,
 )
 from policyopt.rollout.strategies import ROLLOUT_STRATEGIES, ScoreFn
-from policyopt.rollout.tree import sample_branches
+from policyopt.rollout.tree import branches_from_cache, sample_branches
 
 N_BASE = 4  # SPEC §4.1 (paper: N = 4)
 K_MAX = 2  # SPEC §4.2: not published, default 2
@@ -55,6 +59,7 @@ def datpo_tree(
     k_max: int = K_MAX,
     b_max: int = B_MAX,
     fork_unit: str = "sentence",
+    reuse_kv_cache: bool = True,
     on_finished: FinishedFn | None = None,
 ) -> tuple[Rollouts, Tensor]:
     """Difficulty-adaptive tree rollouts; `group_size` is unused (module docstring), and so
@@ -64,7 +69,16 @@ def datpo_tree(
         raise ValueError(f"datpo_tree: n_base must be >= 1, got {n_base}")
     pad_id = int(engine.pad_id)  # type: ignore[attr-defined]
     prompt_of = torch.arange(len(prompts)).repeat_interleave(n_base)  # base row -> prompt
-    base = engine.generate([p for p in prompts for _ in range(n_base)], params)
+    base_prompts = [p for p in prompts for _ in range(n_base)]
+    if reuse_kv_cache:
+        if not hasattr(engine, "generate_with_cache"):
+            raise TypeError(
+                f"datpo_tree with reuse_kv_cache needs the 'hf' engine, got {engine!r}; "
+                "or set reuse_kv_cache=false"
+            )
+        base, kept = engine.generate_with_cache(base_prompts, params)  # type: ignore[attr-defined]
+    else:
+        base, kept = engine.generate(base_prompts, params), None
     rewards = score(base, prompt_of).float()
     v_root = torch.zeros(len(prompts)).index_add_(0, prompt_of, rewards) / n_base
     k_b = [adaptive_budget(float(v), k_max, b_max) for v in v_root]  # (K̂, B̂) per prompt
@@ -80,16 +94,21 @@ def datpo_tree(
         return base, prompt_of
     at = [t for ts in forks for t in ts]
     count = [k_b[int(prompt_of[r])][1] for r in rows]
-    cont = sample_branches(
-        engine,
-        [
-            prompts[int(prompt_of[r])] + base.response_ids[r, :t].tolist()
-            for r, t in zip(rows, at, strict=True)
-        ],
-        [params.max_new_tokens - t for t in at],
-        count,
-        params,
-    )
+    budgets = [params.max_new_tokens - t for t in at]
+    if kept is not None:
+        cont = branches_from_cache(engine, kept, base, rows, at, budgets, count, params)  # type: ignore[arg-type]
+    else:
+        cont = sample_branches(
+            engine,  # type: ignore[arg-type]
+            [
+                prompts[int(prompt_of[r])] + base.response_ids[r, :t].tolist()
+                for r, t in zip(rows, at, strict=True)
+            ],
+            budgets,
+            count,
+            params,
+        )
+    del kept
     # Per branch: its base row and fork position (sample_branches keeps the fork order).
     src = torch.tensor(rows).repeat_interleave(torch.tensor(count))
     fork_at = torch.tensor(at).repeat_interleave(torch.tensor(count))
@@ -114,7 +133,7 @@ def _candidates(
         tokenizer = getattr(engine, "tokenizer", None)
         if tokenizer is None:
             raise TypeError("datpo_tree with sentence forks needs an engine with a .tokenizer")
-        pieces = tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=True)
+        pieces = token_pieces(tokenizer, ids)
     else:
         pieces = [""] * length
     return candidate_scores(pieces, base.entropy[row, :length], fork_unit)
