@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from policyopt.trainer.config import dump_config, load_config
+from policyopt.trainer.config import Config, dump_config, load_config
 
 
 def split_positional(
@@ -36,7 +36,9 @@ def add_quickstart(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_quickstart)
 
 
-def recipe_config(recipe: str, overrides: list[str], output_dir: str | None, seed: int | None):  # noqa: ANN201
+def recipe_config(
+    recipe: str, overrides: list[str], output_dir: str | None, seed: int | None
+) -> Config:
     from policyopt.methods import PRESETS
     from policyopt.recipes import recipe_dict, recipe_names
 
@@ -52,6 +54,14 @@ def recipe_config(recipe: str, overrides: list[str], output_dir: str | None, see
     else:
         base = recipe_dict(recipe)
     return load_config(None, extra, base=base)
+
+
+def file_config(path: str | None, overrides: list[str]) -> Config:
+    """The config of a YAML file (its `base:` recipe merged underneath, as for quickstart) or
+    of a shipped recipe name, then the overrides; without a file, the defaults."""
+    from policyopt.recipes import recipe_dict
+
+    return load_config(None, overrides, base=recipe_dict(path) if path is not None else None)
 
 
 def run_quickstart(args: argparse.Namespace) -> int:
@@ -85,7 +95,7 @@ def add_sft(sub: argparse._SubParsersAction) -> None:
 def run_sft_command(args: argparse.Namespace) -> int:
     from policyopt.recipes.pipeline import fine_tune
 
-    config = load_config(args.config, args.overrides)
+    config = file_config(args.config, args.overrides)
     if args.print_config:
         print(dump_config(config))
         return 0
@@ -102,7 +112,13 @@ def run_sft_command(args: argparse.Namespace) -> int:
 
 def add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="RL training from a YAML config")
-    p.add_argument("config", nargs="?", default=None, help="YAML config; omitted: defaults")
+    p.add_argument(
+        "config",
+        nargs="?",
+        default=None,
+        help="YAML config (may start from a recipe with `base:`) or a shipped recipe name; "
+        "omitted: defaults",
+    )
     add_config_arguments(p)
     p.set_defaults(func=run_train)
 
@@ -110,7 +126,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
 def run_train(args: argparse.Namespace) -> int:
     from policyopt.trainer.trainer import Trainer
 
-    config = load_config(*split_positional(args.config, args.overrides, None))
+    config = file_config(*split_positional(args.config, args.overrides, None))
     if args.print_config:
         print(dump_config(config))
         return 0
@@ -139,7 +155,7 @@ def run_eval(args: argparse.Namespace) -> int:
     from policyopt.tasks.base import get_task
     from policyopt.trainer.evaluate import eval_rows, evaluate
 
-    config = load_config(args.config, [*args.overrides, f"model.name_or_path={args.model}"])
+    config = file_config(args.config, [*args.overrides, f"model.name_or_path={args.model}"])
     if args.print_config:
         print(dump_config(config))
         return 0

@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from policyopt.trainer.config import ConfigError
+
+USER_ERRORS = (
+    ConfigError,
+    KeyError,
+    ValueError,
+    FileNotFoundError,
+    IsADirectoryError,
+    NotADirectoryError,
+    PermissionError,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,7 +36,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         return int(args.func(args) or 0)
-    except (ConfigError, KeyError, FileNotFoundError, ValueError) as err:
+    except USER_ERRORS as err:
+        # A user's mistake (a config, a path, a value): the message says what and where; a
+        # traceback would only bury it. POLICYOPT_TRACEBACK=1 shows it anyway.
+        if os.environ.get("POLICYOPT_TRACEBACK"):
+            raise
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"policyopt {args.command}: error: {message}", file=sys.stderr)
         return 2

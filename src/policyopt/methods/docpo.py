@@ -219,23 +219,29 @@ class StepAwareShaper(RewardShaper):
         self.controller.load_state_dict(state["controller"])
 
 
+_SHAPER_KEYS = ("gamma_init", "delta", "type_column")
+_CONTROLLER_KEYS = tuple(f.name for f in fields(DispersionController))
+
+
 @SHAPERS.register("step_aware_annealing")
 def step_aware_annealing(**options: Any) -> StepAwareShaper:
     """SHAPERS factory: StepAwareShaper options (gamma_init, delta, type_column) and
     DispersionController fields (tau_init, ..., min_samples) in one flat dict."""
-    shaper_keys = ("gamma_init", "delta", "type_column")
-    controller_keys = tuple(f.name for f in fields(DispersionController))
     for key in options:
-        if key not in shaper_keys + controller_keys:
+        if key not in step_aware_annealing.option_names:
             raise ValueError(
                 unknown_name_message(
-                    "step_aware_annealing option", key, [*shaper_keys, *controller_keys]
+                    "step_aware_annealing option", key, list(step_aware_annealing.option_names)
                 )
             )
-    controller = DispersionController(**{k: v for k, v in options.items() if k in controller_keys})
+    controller = DispersionController(**{k: v for k, v in options.items() if k in _CONTROLLER_KEYS})
     return StepAwareShaper(
-        **{k: v for k, v in options.items() if k in shaper_keys}, controller=controller
+        **{k: v for k, v in options.items() if k in _SHAPER_KEYS}, controller=controller
     )
+
+
+# What its **options takes; the config check at load reads it too (trainer.config_parts).
+step_aware_annealing.option_names = _SHAPER_KEYS + _CONTROLLER_KEYS
 
 
 @GROUP_FILTERS.register("docpo")

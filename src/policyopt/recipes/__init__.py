@@ -6,7 +6,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
+from policyopt.core.registry import unknown_name_message
 
 
 def recipe_names() -> list[str]:
@@ -14,32 +14,43 @@ def recipe_names() -> list[str]:
     return sorted(p.name[: -len(".yaml")] for p in root.iterdir() if p.name.endswith(".yaml"))
 
 
-def recipe_path(name: str) -> Path:
-    """A shipped recipe by name, or a path to a YAML file."""
+def recipe_path(name: str, relative_to: Path | None = None) -> Path:
+    """A shipped recipe by name, or a path to a YAML file (a relative path is looked up next
+    to `relative_to` first, the file that names it as its base)."""
+    from policyopt.trainer.config import ConfigError
+
     if name.endswith((".yaml", ".yml")) or "/" in name:
         path = Path(name)
-        if not path.exists():
-            raise FileNotFoundError(f"recipe file {name} does not exist")
+        if relative_to is not None and not path.is_absolute():
+            beside = relative_to.parent / path
+            path = beside if beside.exists() else path
+        if not path.is_file():
+            raise ConfigError(f"recipe file {name} does not exist")
         return path
     path = Path(str(resources.files("policyopt.recipes") / f"{name}.yaml"))
     if not path.exists():
-        raise KeyError(f"unknown recipe {name!r}; shipped recipes: {', '.join(recipe_names())}")
+        raise ConfigError(unknown_name_message("recipe", name, recipe_names()))
     return path
 
 
-def recipe_dict(name: str) -> dict[str, Any]:
+def recipe_dict(
+    name: str, relative_to: Path | None = None, seen: tuple[Path, ...] = ()
+) -> dict[str, Any]:
     """A recipe's config as a dict, with its `base:` recipe (if any) merged underneath."""
-    from policyopt.trainer.config import ConfigError, deep_merge
+    from policyopt.trainer.config import ConfigError, deep_merge, read_yaml
 
-    path = recipe_path(name)
-    raw = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: top level must be a mapping")
+    path = recipe_path(name, relative_to)
+    if path.resolve() in seen:
+        chain = " -> ".join(str(p) for p in (*seen, path.resolve()))
+        raise ConfigError(f"base: recipes form a cycle: {chain}")
+    raw = read_yaml(path)
     base = raw.pop("base", None)
     if base is None:
         return raw
-    merged = recipe_dict(base)
-    other_task = raw.get("task", {}).get("name")
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: base must be a recipe name or a YAML path, got {base!r}")
+    merged = recipe_dict(base, path, (*seen, path.resolve()))
+    other_task = raw.get("task", {}).get("name") if isinstance(raw.get("task"), dict) else None
     if other_task is not None and other_task != merged.get("task", {}).get("name"):
         # Task options belong to their task: a recipe that changes the task starts from
         # none of the base's (the grpo recipe's arithmetic options mean nothing to docparse).

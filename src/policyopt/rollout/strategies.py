@@ -16,7 +16,6 @@ update.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -44,11 +43,8 @@ def parallel(
     group_size: int,
     score: ScoreFn | None = None,
     on_finished: FinishedFn | None = None,
-    **options: Any,
 ) -> tuple[Rollouts, torch.Tensor]:
-    """G independent samples per prompt (GRPO and most methods)."""
-    if options:
-        raise TypeError(f"the parallel strategy takes no options, got {sorted(options)}")
+    """G independent samples per prompt (GRPO and most methods); no options."""
     rollouts = engine.generate(
         [p for p in prompts for _ in range(group_size)],
         params,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import difflib
+import re
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -197,11 +199,12 @@ class Config(Section):
     train: TrainConfig = TrainConfig()
 
     @model_validator(mode="after")
-    def _check_names(self) -> Config:
-        from policyopt.core import ADVANTAGES, POLICY_LOSSES
+    def _check_parts(self) -> Config:
+        from policyopt.trainer.config_parts import check_parts
 
-        ADVANTAGES.get(self.algorithm.advantage)
-        POLICY_LOSSES.get(self.algorithm.loss)
+        problems = check_parts(self)
+        if problems:
+            raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
         return self
 
 
@@ -217,11 +220,7 @@ def load_config(
     """Resolve a config: defaults <- preset <- `base` <- YAML at `path` <- overrides."""
     raw: dict[str, Any] = copy.deepcopy(base) if base else {}
     if path is not None:
-        text = Path(path).read_text()
-        loaded = yaml.safe_load(text) or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: top level must be a mapping, got {type(loaded).__name__}")
-        deep_merge(raw, loaded)
+        deep_merge(raw, read_yaml(path))
     for item in overrides or []:
         key, value = parse_override(item)
         set_dotted(raw, key, value)
@@ -232,8 +231,6 @@ def load_config(
         config = Config.model_validate(resolved)
     except ValidationError as err:
         raise ConfigError(describe_validation_error(err)) from None
-    except KeyError as err:  # unknown advantage / loss name
-        raise ConfigError(str(err.args[0])) from None
     check_structure(config)
     return config
 
@@ -250,6 +247,40 @@ def check_structure(config: Config) -> None:
         raise ConfigError(str(err)) from None
 
 
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A YAML file's top-level mapping; a syntax error names the file, line and column."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(describe_yaml_error(str(path), err)) from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(
+            f"{path}: the top level must be a mapping of sections (model:, task:, ...), "
+            f"got a {type(loaded).__name__}"
+        )
+    return loaded
+
+
+def describe_yaml_error(source: str, err: yaml.YAMLError) -> str:
+    """`file:line:column: invalid YAML: problem (context at line, column)`, 1-based."""
+    if not isinstance(err, yaml.MarkedYAMLError) or err.problem_mark is None:
+        return f"{source}: invalid YAML: {err}"
+    mark = err.problem_mark
+    text = f"{source}:{mark.line + 1}:{mark.column + 1}: invalid YAML: {err.problem}"
+    if err.context:
+        text += f" ({err.context}"
+        if err.context_mark is not None:
+            cm = err.context_mark
+            text += f" that starts at line {cm.line + 1}, column {cm.column + 1}"
+        text += ")"
+    return text
+
+
 def preset_values(name: str) -> dict[str, Any]:
     from policyopt.methods import PRESETS
 
@@ -264,7 +295,16 @@ def parse_override(item: str) -> tuple[str, Any]:
     if "=" not in item:
         raise ConfigError(f"override {item!r} is not of the form key=value")
     key, text = item.split("=", 1)
-    return key.strip(), yaml.safe_load(text) if text.strip() else None
+    if not text.strip():
+        return key.strip(), None
+    try:
+        return key.strip(), yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or str(err)
+        raise ConfigError(
+            f"override {item!r}: the value {text!r} is not valid YAML ({problem}); quote it, "
+            "or write a list as [a, b] and a mapping as {k: v}"
+        ) from None
 
 
 def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
@@ -288,7 +328,8 @@ def deep_merge(into: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_keys(raw: dict[str, Any], model: type[BaseModel], prefix: str = "") -> None:
-    """Unknown keys are errors that name the nearest valid key."""
+    """Unknown keys are errors that name the nearest valid key; a section given a value
+    (`algorithm=grpo`) is an error that says so. An empty section (`rollout:`) is {}."""
     fields = model.model_fields
     for key, value in raw.items():
         where = f"{prefix}{key}"
@@ -298,19 +339,49 @@ def check_keys(raw: dict[str, Any], model: type[BaseModel], prefix: str = "") ->
             valid = ", ".join(sorted(fields))
             raise ConfigError(f"unknown config key '{where}'{hint} (valid here: {valid})")
         annotation = fields[key].annotation
-        if (
-            isinstance(value, dict)
-            and isinstance(annotation, type)
-            and issubclass(annotation, BaseModel)
-        ):
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            if value is None:
+                raw[key] = value = {}
+            if not isinstance(value, dict):
+                raise ConfigError(not_a_section(where, annotation, value))
             check_keys(value, annotation, prefix=f"{where}.")
+        item = list_item_model(annotation)
+        if item is not None and isinstance(value, list):
+            for i, entry in enumerate(value):
+                if isinstance(entry, dict):
+                    check_keys(entry, item, prefix=f"{where}.{i}.")
+
+
+def not_a_section(where: str, section: type[BaseModel], value: Any) -> str:
+    keys = list(section.model_fields)
+    text = f"'{where}' is a section (keys: {', '.join(keys)}), not a value; got {value!r}"
+    if "name" in keys and isinstance(value, str | int | float | bool):
+        text += f"; did you mean '{where}.name={value}'?"
+    return text
+
+
+def list_item_model(annotation: Any) -> type[BaseModel] | None:
+    """`Model` for a `list[Model]` annotation, else None."""
+    if typing.get_origin(annotation) is not list:
+        return None
+    (arg,) = typing.get_args(annotation) or (None,)
+    return arg if isinstance(arg, type) and issubclass(arg, BaseModel) else None
 
 
 def describe_validation_error(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
+        cause = e.get("ctx", {}).get("error")
+        if isinstance(cause, ConfigError):  # raised by a validator: already worded
+            return str(cause)
         where = ".".join(str(p) for p in e["loc"]) or "config"
-        lines.append(f"{where}: {e['msg']} (got {e.get('input')!r})")
+        hint = ""
+        if e["type"] == "literal_error" and isinstance(e.get("input"), str):
+            # "Input should be 'a', 'b' or 'c'": name the nearest of the valid values.
+            valid = re.findall(r"'([^']*)'", e["msg"])
+            close = difflib.get_close_matches(e["input"], valid, n=1, cutoff=0.5)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+        lines.append(f"{where}: {e['msg']} (got {e.get('input')!r}){hint}")
     return "invalid config:\n  " + "\n  ".join(lines)
 
 
