@@ -146,3 +146,31 @@ def test_valid_options_and_every_preset_load() -> None:
     assert cfg.reward.shapers[0].options == {"beta": 1}
     for name in PRESETS:
         assert load_config(overrides=[f"algorithm.name={name}"]).algorithm.name == name
+
+
+def test_options_of_a_replaced_part_are_dropped(tmp_path) -> None:
+    """A preset's or file's options belong to the part it names: naming another part drops
+    them (DATPO's tree options mean nothing to the parallel strategy)."""
+    datpo_on_parallel = [
+        "algorithm.name=datpo",
+        "rollout.strategy=parallel",
+        "reward.shapers=[]",
+        "algorithm.advantage=grpo",
+    ]
+    cfg = load_config(overrides=datpo_on_parallel)
+    assert cfg.rollout.strategy_options == {}
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "rollout:\n  strategy: datpo_tree\n  strategy_options: {k_max: 3}\n"
+        "algorithm:\n  advantage: grpo\n  advantage_options: {eps: 0.1}\n"
+    )
+    cfg = load_config(path, ["rollout.strategy=parallel", "algorithm.advantage=rloo"])
+    assert cfg.rollout.strategy_options == {} and cfg.algorithm.advantage_options == {}
+    # The same part keeps its options, and options given with the new name are used alone.
+    cfg = load_config(path, ["rollout.strategy=datpo_tree", "algorithm.advantage_options={}"])
+    assert cfg.rollout.strategy_options == {"k_max": 3}
+    cfg = load_config(
+        path,
+        ["algorithm.advantage=reinforce_pp", "algorithm.advantage_options.group_baseline=true"],
+    )
+    assert cfg.algorithm.advantage_options == {"group_baseline": True}

@@ -37,7 +37,12 @@ def recipe_dict(
     name: str, relative_to: Path | None = None, seen: tuple[Path, ...] = ()
 ) -> dict[str, Any]:
     """A recipe's config as a dict, with its `base:` recipe (if any) merged underneath."""
-    from policyopt.trainer.config import ConfigError, deep_merge, read_yaml
+    from policyopt.trainer.config import (
+        ConfigError,
+        deep_merge,
+        drop_replaced_options,
+        read_yaml,
+    )
 
     path = recipe_path(name, relative_to)
     if path.resolve() in seen:
@@ -50,9 +55,7 @@ def recipe_dict(
     if not isinstance(base, str):
         raise ConfigError(f"{path}: base must be a recipe name or a YAML path, got {base!r}")
     merged = recipe_dict(base, path, (*seen, path.resolve()))
-    other_task = raw.get("task", {}).get("name") if isinstance(raw.get("task"), dict) else None
-    if other_task is not None and other_task != merged.get("task", {}).get("name"):
-        # Task options belong to their task: a recipe that changes the task starts from
-        # none of the base's (the grpo recipe's arithmetic options mean nothing to docparse).
-        merged.get("task", {}).pop("options", None)
+    # Options belong to their part: a recipe that changes the task (or the strategy, the
+    # advantage, the loss) starts from none of the base's options for it.
+    drop_replaced_options(merged, raw)
     return deep_merge(merged, raw)

@@ -220,13 +220,21 @@ def load_config(
     """Resolve a config: defaults <- preset <- `base` <- YAML at `path` <- overrides."""
     raw: dict[str, Any] = copy.deepcopy(base) if base else {}
     if path is not None:
-        deep_merge(raw, read_yaml(path))
-    for item in overrides or []:
-        key, value = parse_override(item)
+        layer = read_yaml(path)
+        drop_replaced_options(raw, layer)
+        deep_merge(raw, layer)
+    parsed = [parse_override(item) for item in overrides or []]
+    given: dict[str, Any] = {}
+    for key, value in parsed:
+        set_dotted(given, key, value)
+    drop_replaced_options(raw, given)
+    for key, value in parsed:
         set_dotted(raw, key, value)
     check_keys(raw, Config)
     preset_name = raw.get("algorithm", {}).get("name", AlgorithmConfig().name)
-    resolved = deep_merge(preset_values(preset_name), raw)
+    resolved = preset_values(preset_name)
+    drop_replaced_options(resolved, raw)
+    deep_merge(resolved, raw)
     try:
         config = Config.model_validate(resolved)
     except ValidationError as err:
@@ -315,6 +323,27 @@ def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
         if not isinstance(node, dict):
             raise ConfigError(f"override {key!r}: {part!r} is not a section")
     node[parts[-1]] = value
+
+
+# (section, name key, options key): a part's options belong to the part the name selects.
+PART_OPTIONS = (
+    ("rollout", "strategy", "strategy_options"),
+    ("algorithm", "advantage", "advantage_options"),
+    ("algorithm", "loss", "loss_options"),
+    ("task", "name", "options"),
+)
+
+
+def drop_replaced_options(lower: dict[str, Any], upper: dict[str, Any]) -> None:
+    """Remove from `lower` the options of each part that `upper` replaces by another name:
+    a preset's or base recipe's tree options mean nothing to `rollout.strategy=parallel`."""
+    for section, name_key, options_key in PART_OPTIONS:
+        below, above = lower.get(section), upper.get(section)
+        if not (isinstance(below, dict) and isinstance(above, dict)) or name_key not in above:
+            continue
+        default = getattr(Config.model_fields[section].default, name_key)
+        if above[name_key] != below.get(name_key, default):
+            below.pop(options_key, None)
 
 
 def deep_merge(into: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
