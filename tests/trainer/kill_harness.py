@@ -42,6 +42,7 @@ TESTS_DIR = Path(__file__).resolve().parents[1]
 if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
 from run_configs import small_overrides  # noqa: E402
+
 PHASES = (
     "sample",
     "update",
@@ -299,8 +300,10 @@ def equal_nested(x: Any, y: Any) -> bool:
             and torch.equal(x, y)
         )
     if isinstance(x, dict):
-        return isinstance(y, dict) and x.keys() == y.keys() and all(
-            equal_nested(x[k], y[k]) for k in x
+        return (
+            isinstance(y, dict)
+            and x.keys() == y.keys()
+            and all(equal_nested(x[k], y[k]) for k in x)
         )
     if isinstance(x, list | tuple):
         return type(x) is type(y) and len(x) == len(y) and all(map(equal_nested, x, y))

@@ -93,9 +93,7 @@ def test_failed_save_leaves_the_previous_checkpoint(tmp_path, small_config, monk
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-00000001"]
 
 
-def test_saving_a_step_again_never_loses_its_only_copy(
-    tmp_path, small_config, monkeypatch
-) -> None:
+def test_saving_a_step_again_never_loses_its_only_copy(tmp_path, small_config, monkeypatch) -> None:
     config = small_config(tmp_path, "train.keep_last=1", steps=1)
     trainer = run(config)
     real_rename = os.rename

@@ -6,7 +6,6 @@ The same check with random kill points, 20 runs:
 """
 
 import pytest
-
 from kill_harness import Kill, Zygote, differences, run_with_kills
 
 STEPS = 5

@@ -1,18 +1,29 @@
 """Checkpoints: safetensors weights plus everything needed to continue exactly.
 
 A checkpoint is a folder `checkpoints/step-XXXXXXXX/` holding the model in Hugging Face
-format (safetensors; the adapter only for a LoRA model, optionally merged weights too) and
-`trainer_state.pt` (optimizer, scheduler, RNG states, data position, step, shaper states).
-It is written under a temporary name and renamed into place, so a run killed while saving
-leaves the previous checkpoints intact and no half-written one that looks complete.
+format (safetensors; the adapter only for a LoRA model, optionally merged weights too),
+`trainer_state.pt` (optimizer, scheduler, RNG states, data position, step, shaper states;
+tensors and plain data only, loaded with `weights_only=True`), the run's config
+(`run_config.yaml`), and last of all the completion marker `COMPLETE`.
+
+A checkpoint is complete only if its marker is there and every file the marker lists has
+the size it records; everything else (a folder a killed save or an older policyopt left, a
+file truncated by a full disk) is incomplete: never resumed from, reported, never deleted
+(it may be someone's only copy). `commit_checkpoint` is the one place a checkpoint becomes
+complete: contents are written into a temporary folder, synced, marked, then renamed into
+place; a step saved again replaces the old folder only after the new one is complete, and
+`recover` puts the old one back if a kill came between the two renames.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import os
+import pickle
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,26 +33,76 @@ from safetensors.torch import load_file
 
 PREFIX = "step-"
 STATE_FILE = "trainer_state.pt"
+CONFIG_FILE = "run_config.yaml"
+MARKER = "COMPLETE"
+FORMAT = 1
+TEMP = ".tmp-"  # a save in progress, or a pruned checkpoint being deleted
+REPLACED = ".replaced-"  # the previous copy of a step being saved again
+
+
+class UnsafeCheckpointError(ValueError):
+    """A state file holds objects other than tensors and plain data: loading it could run code."""
 
 
 def checkpoint_root(output_dir: str | Path) -> Path:
     return Path(output_dir) / "checkpoints"
 
 
+def step_of(checkpoint: Path) -> int:
+    return int(checkpoint.name[len(PREFIX) :])
+
+
+# ----------------------------------------------------------------- RNG state
 def rng_state() -> dict[str, Any]:
-    return {
+    """Every RNG a step draws from, as tensors and plain data (safe to load)."""
+    name, key, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": {
+            "name": str(name),
+            "key": torch.from_numpy(np.asarray(key, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "gauss": float(gauss),
+        },
     }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    n = state["numpy"]
+    key = n["key"].numpy().astype(np.uint32)
+    np.random.set_state((n["name"], key, n["pos"], n["has_gauss"], n["gauss"]))
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
+# ----------------------------------------------------------------- state file
+def save_state(folder: Path, state: dict[str, Any]) -> None:
+    torch.save(state, folder / STATE_FILE)
+
+
+def load_state(checkpoint: Path) -> dict[str, Any]:
+    """The trainer state, unpickled with `weights_only=True`: a state file that would run
+    code (or build any object besides tensors and plain containers) is refused."""
+    path = checkpoint / STATE_FILE
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as err:
+        first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        raise UnsafeCheckpointError(
+            f"refusing to load {path}: it holds objects other than tensors and plain data, "
+            f"and unpickling them could run code ({first}). Only load checkpoints you made "
+            "with this version of policyopt or trust completely."
+        ) from None
+
+
+# ----------------------------------------------------------------- saving
 def save_checkpoint(
     output_dir: str | Path,
     step: int,
@@ -49,40 +110,119 @@ def save_checkpoint(
     tokenizer: Any,
     state: dict[str, Any],
     *,
+    config_text: str | None = None,
     keep_last: int = 2,
     save_merged: bool = False,
 ) -> Path:
-    """Write checkpoint `step` atomically and delete all but the newest `keep_last`."""
+    """Write checkpoint `step` (complete or not at all) and prune to the newest `keep_last`."""
+
+    def write(folder: Path) -> None:
+        model.save_pretrained(folder, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)
+        if save_merged and hasattr(model, "merge_and_unload"):
+            # Merge a copy: merging in place would end LoRA training.
+            merged = copy.deepcopy(model).merge_and_unload()
+            merged.save_pretrained(folder / "merged", safe_serialization=True)
+        if config_text is not None:
+            (folder / CONFIG_FILE).write_text(config_text)
+        save_state(folder, state)
+
+    return commit_checkpoint(output_dir, step, write, keep_last=keep_last)
+
+
+def commit_checkpoint(
+    output_dir: str | Path, step: int, write: Callable[[Path], None], *, keep_last: int
+) -> Path:
+    """`write(folder)` fills a temporary folder; it becomes `step-XXXXXXXX` complete or not at all.
+
+    Order: contents, fsync, marker (fsync), rename into place (after setting aside an older
+    copy of the same step), delete the older copy, prune old checkpoints.
+    """
     root = checkpoint_root(output_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step:08d}"
-    tmp = root / f".tmp-{PREFIX}{step:08d}-{os.getpid()}"
+    tmp = root / f"{TEMP}{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
-    if save_merged and hasattr(model, "merge_and_unload"):
-        # Merge a copy: merging in place would end LoRA training.
-        merged = copy.deepcopy(model).merge_and_unload()
-        merged.save_pretrained(tmp / "merged", safe_serialization=True)
-    torch.save(state, tmp / STATE_FILE)
+    tmp.mkdir()
+    write(tmp)
     _fsync_tree(tmp)
-    if final.exists():  # re-saving the same step (e.g. final save after a periodic one)
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    _fsync_dir(root)
-    for old in list_checkpoints(output_dir)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+    mark_complete(tmp, step)
+    _publish(tmp, final)
+    _prune(list_checkpoints(output_dir)[:-keep_last])
     return final
 
 
-def list_checkpoints(output_dir: str | Path) -> list[Path]:
-    """Complete checkpoints, oldest first (temporary folders are never listed)."""
+def mark_complete(folder: Path, step: int) -> None:
+    """Write the marker, last: the step and the size of every file already in `folder`."""
+    files = {
+        str(f.relative_to(folder)): f.stat().st_size
+        for f in sorted(folder.rglob("*"))
+        if f.is_file() and f.name != MARKER
+    }
+    record = {"format": FORMAT, "step": step, "files": files}
+    partial = folder / f"{MARKER}.partial"
+    with open(partial, "w") as fh:
+        fh.write(json.dumps(record, indent=1))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.rename(partial, folder / MARKER)
+    _fsync_dir(folder)
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Rename `tmp` to `final`; an existing `final` is set aside first, deleted only after."""
+    aside = final.with_name(f"{REPLACED}{final.name}")
+    if final.exists():
+        shutil.rmtree(aside, ignore_errors=True)
+        os.rename(final, aside)
+        _fsync_dir(final.parent)
+    os.rename(tmp, final)
+    _fsync_dir(final.parent)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _prune(old: list[Path]) -> None:
+    for path in old:
+        # Renamed first so a kill mid-delete never leaves a half-deleted "step-" folder.
+        doomed = path.with_name(f"{TEMP}deleting-{path.name}")
+        os.rename(path, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+
+
+# ----------------------------------------------------------------- finding checkpoints
+def is_complete(folder: Path) -> bool:
+    """The marker is there, parses, and every file it lists has the recorded size."""
+    try:
+        record = json.loads((folder / MARKER).read_text())
+        files = record["files"]
+        return record.get("format") == FORMAT and all(
+            (folder / name).stat().st_size == size for name, size in files.items()
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def _step_folders(output_dir: str | Path) -> list[Path]:
     root = checkpoint_root(output_dir)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX)]
-    return sorted(found, key=lambda p: int(p.name[len(PREFIX) :]))
+    found = [
+        p
+        for p in root.iterdir()
+        if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX) :].isdigit()
+    ]
+    return sorted(found, key=step_of)
+
+
+def list_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    return [p for p in _step_folders(output_dir) if is_complete(p)]
+
+
+def incomplete_checkpoints(output_dir: str | Path) -> list[Path]:
+    """`step-` folders without a valid completion marker (ignored by resume)."""
+    return [p for p in _step_folders(output_dir) if not is_complete(p)]
 
 
 def latest_checkpoint(output_dir: str | Path) -> Path | None:
@@ -90,15 +230,31 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
-def remove_stale_temporaries(output_dir: str | Path) -> None:
-    """Folders a killed save left behind."""
+def recover(output_dir: str | Path) -> list[str]:
+    """Repair what a killed save left, before resuming; returns what it did, for the log.
+
+    A step set aside by `_publish` goes back if its replacement is not complete; temporary
+    folders (unfinished saves, unfinished deletes) are removed.
+    """
     root = checkpoint_root(output_dir)
-    if root.is_dir():
-        for p in root.iterdir():
-            if p.name.startswith(".tmp-"):
-                shutil.rmtree(p, ignore_errors=True)
+    if not root.is_dir():
+        return []
+    notes = []
+    for aside in sorted(root.glob(f"{REPLACED}{PREFIX}*")):
+        final = root / aside.name[len(REPLACED) :]
+        if is_complete(final) or not is_complete(aside):
+            shutil.rmtree(aside, ignore_errors=True)
+            continue
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(aside, final)
+        notes.append(f"restored {final.name} (a save of the same step was interrupted)")
+    for tmp in root.glob(f"{TEMP}*"):
+        shutil.rmtree(tmp, ignore_errors=True)
+    return notes
 
 
+# ----------------------------------------------------------------- weights
 def load_weights(model: torch.nn.Module, checkpoint: Path) -> None:
     """Load a checkpoint's weights into `model` in place (a plain or a PEFT model)."""
     adapter = checkpoint / "adapter_model.safetensors"
@@ -141,6 +297,8 @@ def _fsync_tree(path: Path) -> None:
         if f.is_file():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
+        elif f.is_dir():
+            _fsync_dir(f)
     _fsync_dir(path)
 
 

@@ -176,8 +176,12 @@ class TrainConfig(Section):
     micro_batch_size: int = Field(64, ge=1)
     save_every: int = Field(0, ge=0)
     keep_last: int = Field(2, ge=1)
-    # "auto": continue from the newest checkpoint in output_dir if there is one.
+    # "auto": continue from the newest complete checkpoint in output_dir if there is one;
+    # a checkpoint folder: continue from it; null: start over.
     resume: str | None = "auto"
+    # Continue although the config differs from the one that trained the checkpoint in a
+    # key that matters (policyopt.trainer.resume_check lists those that may differ).
+    resume_anyway: bool = False
     log_every: int = Field(1, ge=1)
     loggers: list[Literal["jsonl", "tensorboard", "wandb", "mlflow"]] = ["jsonl", "tensorboard"]
     num_threads: int = Field(0, ge=0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +35,23 @@ class MetricsLogger:
             self._mlflow.start_run()
             self._mlflow.log_params(_flatten(config))
 
-    def truncate_after(self, step: int) -> None:
-        """On resume, forget records of steps the killed run logged past its checkpoint."""
+    def truncate_after(self, step: int) -> int:
+        """On resume, forget records of steps the killed run logged past its checkpoint, and
+        lines torn by a kill or a full disk mid-append. Returns how many torn lines it dropped.
+
+        Rewritten to a temporary file and renamed over the old one: a kill here loses nothing.
+        """
+        torn = 0
         for path in (self.jsonl, self.samples):
-            if path.exists():
-                kept = [
-                    line
-                    for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= step
-                ]
-                path.write_text("".join(line + "\n" for line in kept))
+            if not path.exists():
+                continue
+            records, bad = _parse_lines(path.read_text())
+            torn += bad
+            kept = [line for line, record in records if record.get("step", 0) <= step]
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            os.replace(tmp, path)
+        return torn
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
@@ -74,10 +82,28 @@ class MetricsLogger:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a JSONL log, skipping lines torn by a kill mid-append."""
     p = Path(path)
     if not p.exists():
         return []
-    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    return [record for _, record in _parse_lines(p.read_text())[0]]
+
+
+def _parse_lines(text: str) -> tuple[list[tuple[str, dict[str, Any]]], int]:
+    """(line, record) for each line holding a JSON object, and how many lines did not."""
+    parsed, bad = [], 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if isinstance(record, dict):
+            parsed.append((line, record))
+        else:
+            bad += 1
+    return parsed, bad
 
 
 def progress_bar(console: Console | None = None, enabled: bool = True) -> Progress:

@@ -7,6 +7,7 @@ advantage estimators, losses); methods are registered parts and presets, not sub
 from __future__ import annotations
 
 import copy
+import os
 import random
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ from policyopt.trainer.evaluate import eval_rows, evaluate
 from policyopt.trainer.metrics_log import MetricsLogger, progress_bar, read_metrics
 from policyopt.trainer.optim import build_optimizer
 from policyopt.trainer.plot import plot_metrics
+from policyopt.trainer.resume_check import check_resume_config
 from policyopt.trainer.rollout_phase import RolloutTimes, Scored, collect_batch, generate_and_score
 from policyopt.trainer.structure import check_config_structure, step_structure
 from policyopt.trainer.update import UpdateContext, policy_update
@@ -60,7 +62,9 @@ class Trainer:
         seed_everything(cfg.train.seed)
         self.output_dir = Path(cfg.train.output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        (self.output_dir / "config.yaml").write_text(dump_config(cfg))
+        # Which checkpoint to continue, checked against its config before anything is written.
+        self.resume_from = self._resume_point()
+        _write_atomically(self.output_dir / "config.yaml", dump_config(cfg))
         self.task = get_task(cfg.task.name, **cfg.task.options)
         self.train_rows = self.task.rows("train")
         self.eval_rows = eval_rows(self.task, cfg.eval.size)
@@ -114,28 +118,74 @@ class Trainer:
             self.model, self.optimizer, self.scheduler, cfg, ref_model, ref_context
         )
 
-    def _maybe_resume(self) -> None:
+    def _resume_point(self) -> Path | None:
+        """The checkpoint to continue from (None: start over), once what a killed save left
+        is repaired and incomplete checkpoints are reported; its config must match ours."""
         resume = self.config.train.resume
-        ckpt.remove_stale_temporaries(self.output_dir)
+        for note in ckpt.recover(self.output_dir):
+            self.console.print(note)
+        incomplete = ckpt.incomplete_checkpoints(self.output_dir)
+        if incomplete:
+            self.console.print(
+                f"ignoring incomplete checkpoint(s) {', '.join(p.name for p in incomplete)} in "
+                f"{ckpt.checkpoint_root(self.output_dir)}: no valid {ckpt.MARKER} marker (a save "
+                "was interrupted, a file was truncated, or an older policyopt wrote it)"
+            )
         if resume is None:
-            return
-        path = ckpt.latest_checkpoint(self.output_dir) if resume == "auto" else Path(resume)
+            return None
+        if resume == "auto":
+            path = ckpt.latest_checkpoint(self.output_dir)
+        else:
+            path = Path(resume)
+            if not ckpt.is_complete(path):
+                raise FileNotFoundError(
+                    f"train.resume: {path} is not a complete checkpoint (no valid {ckpt.MARKER} "
+                    "marker listing its files)"
+                )
+        if path is not None:
+            changed = check_resume_config(path / ckpt.CONFIG_FILE, path, self.config)
+            if changed:
+                self.console.print(f"resuming anyway with changed {', '.join(changed)}")
+        return path
+
+    def _maybe_resume(self) -> None:
+        path = self.resume_from
         if path is None:
+            self._forget_logs_after(0)  # a run killed before its first checkpoint
             return
-        if not (path / ckpt.STATE_FILE).exists():
-            raise FileNotFoundError(f"resume: {path} is not a checkpoint (no {ckpt.STATE_FILE})")
+        state = ckpt.load_state(path)  # refused before anything is touched if unsafe
         ckpt.load_weights(self.model, path)
-        state = torch.load(path / ckpt.STATE_FILE, weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        self._apply_optim_config()
         self.sampler.load_state_dict(state["sampler"])
         for shaper, s in zip(self.shapers, state.get("shapers", []), strict=False):
             shaper.load_state_dict(s)
         ckpt.set_rng_state(state["rng"])
         self.step = state["step"]
         self.generated_tokens = state.get("generated_tokens", 0)
-        self.logger.truncate_after(self.step)
+        self._forget_logs_after(self.step)
         self.console.print(f"resumed from {path} at step {self.step}")
+
+    def _forget_logs_after(self, step: int) -> None:
+        torn = self.logger.truncate_after(step)
+        if torn:
+            self.console.print(
+                f"dropped {torn} torn line(s) from the JSONL logs (killed mid-write)"
+            )
+
+    def _apply_optim_config(self) -> None:
+        """The optimizer's hyperparameters from the config, not the checkpoint: the same values
+        unless resumed anyway with new ones. The lr follows the schedule from its position."""
+        o = self.config.optim
+        for group in self.optimizer.param_groups:
+            group.update(betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, initial_lr=o.lr)
+        self.scheduler.base_lrs = [o.lr] * len(self.optimizer.param_groups)
+        factors = self.scheduler.lr_lambdas
+        for group, base, factor in zip(
+            self.optimizer.param_groups, self.scheduler.base_lrs, factors, strict=True
+        ):
+            group["lr"] = base * factor(self.scheduler.last_epoch)
 
     def save(self) -> Path:
         state = {
@@ -153,6 +203,7 @@ class Trainer:
             self.model,
             self.tokenizer,
             state,
+            config_text=dump_config(self.config),
             keep_last=self.config.train.keep_last,
             save_merged=self.config.model.lora.save_merged,
         )
@@ -323,6 +374,12 @@ class Trainer:
 
     def close(self) -> None:
         self.logger.close()
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _status(m: dict[str, float]) -> str:
