@@ -210,6 +210,7 @@ class Zygote:
 
     def run(self, output_dir: Path, steps: int, kill: Kill | None) -> dict[str, Any]:
         """One training process; returns {"killed": bool, "code": exit code or None}."""
+        output_dir.parent.mkdir(parents=True, exist_ok=True)
         request = {
             "args": ["train", *run_overrides(output_dir, steps)],
             "kill": kill.__dict__ if kill else None,
@@ -340,7 +341,7 @@ def main() -> int:
     assert z.run(root / "reference", args.steps, None) == {"killed": False, "code": 0}
     reference_s = time.monotonic() - t0
     rng = random.Random(args.seed)
-    equal = 0
+    equal = kills_done = 0
     for i in range(args.runs):
         kills = random_kills(rng, args.steps, reference_s)
         out = root / f"run-{i:02d}"
@@ -350,13 +351,17 @@ def main() -> int:
         except AssertionError as err:
             done, diffs = [], [f"check failed: {err}"]
         equal += not diffs
+        kills_done += sum(hit for _, hit, _ in done)
         points = ", ".join(
             f"{k.describe()}{'' if hit else ' (finished first)'} -> resumed at {s}"
             for k, hit, s in done
         ) or ", ".join(k.describe() for k in kills)
         print(f"run {i:2d}: {'equal' if not diffs else 'DIFFERS: ' + ', '.join(diffs)}  [{points}]")
     z.close()
-    print(f"{equal} of {args.runs} resumed runs equal the uninterrupted run ({root})")
+    print(
+        f"{equal} of {args.runs} resumed runs equal the uninterrupted run "
+        f"({kills_done} kills; {time.monotonic() - t0:.0f} s; {root})"
+    )
     return 0 if equal == args.runs else 1
 
 

@@ -54,6 +54,15 @@ def test_checkpoint_without_marker_is_ignored_and_reported(tmp_path, small_confi
     assert newest.exists()  # reported, never deleted: it may be someone's only copy
 
 
+def test_only_incomplete_checkpoints_stop_an_auto_resume(tmp_path, small_config) -> None:
+    """Not a silent restart from step 0 that would overwrite them."""
+    run(small_config(tmp_path, steps=1))
+    (ckpt.latest_checkpoint(tmp_path) / "COMPLETE").unlink()
+    with pytest.raises(ValueError, match="only incomplete checkpoints.*step-00000001"):
+        quiet(small_config(tmp_path, steps=2))
+    assert quiet(small_config(tmp_path, "train.resume=null", steps=2)).step == 0
+
+
 def test_checkpoint_with_a_truncated_file_is_incomplete(tmp_path, small_config) -> None:
     run(small_config(tmp_path, "train.save_every=1", "train.keep_last=3", steps=2))
     weights = tmp_path / "checkpoints" / "step-00000002" / "model.safetensors"

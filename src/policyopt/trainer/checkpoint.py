@@ -8,8 +8,8 @@ tensors and plain data only, loaded with `weights_only=True`), the run's config
 
 A checkpoint is complete only if its marker is there and every file the marker lists has
 the size it records; everything else (a folder a killed save or an older policyopt left, a
-file truncated by a full disk) is incomplete: never resumed from, reported, never deleted
-(it may be someone's only copy). `commit_checkpoint` is the one place a checkpoint becomes
+file truncated by a full disk) is incomplete: never resumed from, reported, never pruned
+(it may be someone's only copy); only a complete save of the same step replaces it. `commit_checkpoint` is the one place a checkpoint becomes
 complete: contents are written into a temporary folder, synced, marked, then renamed into
 place; a step saved again replaces the old folder only after the new one is complete, and
 `recover` puts the old one back if a kill came between the two renames.
@@ -78,7 +78,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
     n = state["numpy"]
     key = n["key"].numpy().astype(np.uint32)
     np.random.set_state((n["name"], key, n["pos"], n["has_gauss"], n["gauss"]))
-    if "cuda" in state:
+    if state.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
@@ -142,7 +142,7 @@ def commit_checkpoint(
     root = checkpoint_root(output_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step:08d}"
-    tmp = root / f"{TEMP}{final.name}-{os.getpid()}"
+    tmp = root / f"{TEMP}{final.name}"  # the same name in every process of a run
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     write(tmp)

@@ -135,6 +135,13 @@ class Trainer:
             return None
         if resume == "auto":
             path = ckpt.latest_checkpoint(self.output_dir)
+            if path is None and incomplete:
+                raise ValueError(
+                    f"train.resume=auto: {self.output_dir} holds only incomplete checkpoints "
+                    f"({', '.join(p.name for p in incomplete)}), so there is nothing to resume; "
+                    "set train.resume=null to start over there (they are replaced as steps are "
+                    "saved again), or choose another train.output_dir"
+                )
         else:
             path = Path(resume)
             if not ckpt.is_complete(path):
