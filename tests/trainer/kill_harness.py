@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -233,15 +234,23 @@ def latest_step(output_dir: Path) -> int:
 
 
 def run_with_kills(
-    zygote: Zygote, output_dir: Path, steps: int, kills: list[Kill]
+    zygote: Zygote,
+    output_dir: Path,
+    steps: int,
+    kills: list[Kill] | Callable[[int], Kill | None],
 ) -> list[tuple[Kill, bool, int]]:
     """Run to the end through `kills` (each a restart); check how much each kill lost.
 
-    Returns (kill, whether it killed, checkpoint step resumed from next) per kill.
+    `kills` is a list, or a function of the newest checkpoint's step giving the next kill
+    (None: no more). Returns (kill, whether it killed, step resumed from next) per kill.
     """
+    planned = iter(kills) if isinstance(kills, list) else None
     done = []
-    for kill in kills:
+    while True:
         before = latest_step(output_dir)
+        kill = next(planned, None) if planned is not None else kills(before)
+        if kill is None:
+            break
         result = zygote.run(output_dir, steps, kill)
         after = latest_step(output_dir)
         if not result["killed"]:
@@ -311,15 +320,21 @@ def equal_nested(x: Any, y: Any) -> bool:
     return x == y
 
 
-def random_kills(rng: random.Random, steps: int, timed_max: float) -> list[Kill]:
-    """1 to 3 kill points: a random phase of a random step, or (one in four) a random delay."""
-    kills = []
-    for _ in range(rng.randint(1, 3)):
+def random_kills(rng: random.Random, steps: int, timed_max: float) -> Callable[[int], Kill | None]:
+    """1 to 3 kills, each at a random phase of a random step after the newest checkpoint,
+    or (one in four) after a random delay."""
+    budget = rng.randint(1, 3)
+
+    def next_kill(latest: int) -> Kill | None:
+        nonlocal budget
+        if budget == 0 or latest == steps:
+            return None
+        budget -= 1
         if rng.random() < 0.25:
-            kills.append(Kill(delay=round(rng.uniform(0.0, timed_max), 3)))
-        else:
-            kills.append(Kill(phase=rng.choice(PHASES), step=rng.randint(1, steps)))
-    return kills
+            return Kill(delay=round(rng.uniform(0.0, timed_max), 3))
+        return Kill(phase=rng.choice(PHASES), step=rng.randint(latest + 1, steps))
+
+    return next_kill
 
 
 def main() -> int:
@@ -353,9 +368,9 @@ def main() -> int:
         equal += not diffs
         kills_done += sum(hit for _, hit, _ in done)
         points = ", ".join(
-            f"{k.describe()}{'' if hit else ' (finished first)'} -> resumed at {s}"
+            f"{k.describe()}{'' if hit else ' (ran to the end first)'} -> resumes at {s}"
             for k, hit, s in done
-        ) or ", ".join(k.describe() for k in kills)
+        )
         print(f"run {i:2d}: {'equal' if not diffs else 'DIFFERS: ' + ', '.join(diffs)}  [{points}]")
     z.close()
     print(

@@ -176,6 +176,24 @@ def test_malicious_pickle_in_a_checkpoint_is_refused(tmp_path, small_config, cap
     assert not pwned.exists()
 
 
+def test_stateful_shaper_state_loads_with_weights_only(tmp_path) -> None:
+    """DocPO's dispersion controller (the stateful shaper) is plain data: it survives the
+    safe loader and resumes identically."""
+    import policyopt.methods  # noqa: F401  (registers the shapers)
+    from policyopt.rewards.shaping import SHAPERS
+
+    a = SHAPERS.get("step_aware_annealing")(min_samples=2, window=4)
+    a.controller.observe("table", [0.9, 0.8, 0.3])
+    a.controller.update("table")
+    ckpt.save_state(tmp_path, {"shapers": [a.state_dict()]})
+    b = SHAPERS.get("step_aware_annealing")(min_samples=2, window=4)
+    b.load_state_dict(ckpt.load_state(tmp_path)["shapers"][0])
+    assert b.state_dict() == a.state_dict()
+    for c in (a, b):
+        c.controller.observe("table", [0.1])
+    assert b.controller.update("table") == a.controller.update("table")
+
+
 def closing_paren(text: str, start: int) -> int:
     """Index of the parenthesis that closes the one at `start`."""
     depth = 0

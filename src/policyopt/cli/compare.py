@@ -98,9 +98,12 @@ def parse_reach(spec: str) -> tuple[str, float, bool]:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The run's training log (a line torn by a kill mid-append is skipped)."""
+    from policyopt.trainer.metrics_log import read_metrics as read_log
+
     if not path.exists():
         raise FileNotFoundError(f"--reach needs the run's training log {path}")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_log(path)
 
 
 def steps_to_reach(

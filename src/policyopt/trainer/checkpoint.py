@@ -9,10 +9,13 @@ tensors and plain data only, loaded with `weights_only=True`), the run's config
 A checkpoint is complete only if its marker is there and every file the marker lists has
 the size it records; everything else (a folder a killed save or an older policyopt left, a
 file truncated by a full disk) is incomplete: never resumed from, reported, never pruned
-(it may be someone's only copy); only a complete save of the same step replaces it. `commit_checkpoint` is the one place a checkpoint becomes
-complete: contents are written into a temporary folder, synced, marked, then renamed into
-place; a step saved again replaces the old folder only after the new one is complete, and
-`recover` puts the old one back if a kill came between the two renames.
+(it may be someone's only copy); only a complete save of the same step replaces it.
+
+`finish_checkpoint` is the one place a checkpoint becomes complete: contents written into
+the temporary folder `begin_checkpoint` made are synced, marked, then renamed into place; a
+step saved again replaces the old folder only after the new one is complete, and `recover`
+puts the old one back if a kill came between the two renames. `commit_checkpoint` wraps the
+two around a `write(folder)` callback, for a single process.
 """
 
 from __future__ import annotations
@@ -134,23 +137,35 @@ def save_checkpoint(
 def commit_checkpoint(
     output_dir: str | Path, step: int, write: Callable[[Path], None], *, keep_last: int
 ) -> Path:
-    """`write(folder)` fills a temporary folder; it becomes `step-XXXXXXXX` complete or not at all.
+    """`write(folder)` fills a temporary folder; it becomes `step-XXXXXXXX` complete or not at all."""
+    write(begin_checkpoint(output_dir, step))
+    return finish_checkpoint(output_dir, step, keep_last=keep_last)
 
-    Order: contents, fsync, marker (fsync), rename into place (after setting aside an older
-    copy of the same step), delete the older copy, prune old checkpoints.
-    """
-    root = checkpoint_root(output_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"{PREFIX}{step:08d}"
-    tmp = root / f"{TEMP}{final.name}"  # the same name in every process of a run
+
+def begin_checkpoint(output_dir: str | Path, step: int) -> Path:
+    """An empty temporary folder for checkpoint `step`. Its name depends on the step only, so
+    every process of a sharded save can write its part there before one calls finish."""
+    tmp = _temporary(output_dir, step)
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    write(tmp)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def finish_checkpoint(output_dir: str | Path, step: int, *, keep_last: int) -> Path:
+    """Make the written temporary folder checkpoint `step`: fsync its contents, write the
+    marker (last), rename it into place (an older copy of the step is set aside first and
+    deleted after), then prune to the newest `keep_last` complete checkpoints."""
+    tmp = _temporary(output_dir, step)
+    final = checkpoint_root(output_dir) / f"{PREFIX}{step:08d}"
     _fsync_tree(tmp)
     mark_complete(tmp, step)
     _publish(tmp, final)
     _prune(list_checkpoints(output_dir)[:-keep_last])
     return final
+
+
+def _temporary(output_dir: str | Path, step: int) -> Path:
+    return checkpoint_root(output_dir) / f"{TEMP}{PREFIX}{step:08d}"
 
 
 def mark_complete(folder: Path, step: int) -> None:
