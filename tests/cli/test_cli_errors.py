@@ -108,3 +108,21 @@ def test_a_base_cycle_is_an_error(tmp_path, capsys) -> None:
     (tmp_path / "b.yaml").write_text("base: a.yaml\n")
     err = run_error(capsys, ["train", str(tmp_path / "a.yaml")])
     assert "cycle" in err and "a.yaml" in err
+
+
+def test_a_run_stopped_by_nonfinite_updates_says_why(tmp_path, capsys, monkeypatch) -> None:
+    from policyopt.trainer import update
+    from run_configs import small_overrides
+
+    original = update.compute_policy_loss
+
+    def nan_loss(*args, **kwargs):
+        loss, metrics = original(*args, **kwargs)
+        return loss * float("nan"), metrics
+
+    monkeypatch.setattr(update, "compute_policy_loss", nan_loss)
+    argv = ["train", *small_overrides(tmp_path, steps=3), "optim.max_nonfinite_updates=1"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "stopped at step 1" in err and "optim.max_nonfinite_updates=1" in err

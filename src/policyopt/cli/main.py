@@ -7,6 +7,7 @@ import os
 import sys
 
 from policyopt.trainer.config import ConfigError
+from policyopt.trainer.update import NonFiniteUpdateError
 
 USER_ERRORS = (
     ConfigError,
@@ -44,6 +45,11 @@ def main(argv: list[str] | None = None) -> int:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"policyopt {args.command}: error: {message}", file=sys.stderr)
         return 2
+    except NonFiniteUpdateError as err:
+        if os.environ.get("POLICYOPT_TRACEBACK"):
+            raise
+        print(f"policyopt {args.command}: {err}", file=sys.stderr)
+        return 1
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -142,6 +142,9 @@ class OptimConfig(Section):
     warmup_steps: int = Field(0, ge=0)
     schedule: Literal["constant", "linear", "cosine"] = "constant"
     max_grad_norm: float | None = 1.0
+    # An update whose loss or gradient is NaN or inf is skipped (the parameters do not move)
+    # and counted; the run stops after this many such updates in a row.
+    max_nonfinite_updates: int = Field(3, ge=1)
 
 
 class EvalConfig(Section):

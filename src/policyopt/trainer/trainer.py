@@ -36,7 +36,7 @@ from policyopt.trainer.plot import plot_metrics
 from policyopt.trainer.resume_check import check_resume_config
 from policyopt.trainer.rollout_phase import RolloutTimes, Scored, collect_batch, generate_and_score
 from policyopt.trainer.structure import check_config_structure, step_structure
-from policyopt.trainer.update import UpdateContext, policy_update
+from policyopt.trainer.update import NonFiniteUpdateError, UpdateContext, policy_update
 
 
 def seed_everything(seed: int) -> None:
@@ -230,8 +230,11 @@ class Trainer:
                 metrics["generated_tokens_total"] = float(self.generated_tokens)
                 if self.config.eval.every and self.step % self.config.eval.every == 0:
                     metrics.update(self.evaluate())
-                if self.step % cfg.log_every == 0 or self.step == last:
+                halt = self._nonfinite_halt()
+                if self.step % cfg.log_every == 0 or self.step == last or halt:
                     self.logger.log(self.step, metrics)
+                if halt:
+                    raise NonFiniteUpdateError(halt)
                 if cfg.save_every and self.step % cfg.save_every == 0:
                     self.save()
                 bar.update(task_id, completed=self.step, status=_status(metrics))
@@ -245,6 +248,22 @@ class Trainer:
                 self.config.algorithm.name,
             )
         return final
+
+    def _nonfinite_halt(self) -> str | None:
+        """Why the run must stop (optim.max_nonfinite_updates skipped updates in a row), or
+        None."""
+        limit = self.config.optim.max_nonfinite_updates
+        count = self.update_ctx.nonfinite_in_a_row
+        if count < limit:
+            return None
+        latest = ckpt.latest_checkpoint(self.output_dir)
+        return (
+            f"stopped at step {self.step}: the loss or gradient was NaN or inf in {count} "
+            f"optimizer updates in a row (optim.max_nonfinite_updates={limit}). Each was "
+            "skipped, so the parameters are those of the last finite update. Check reward "
+            "functions and shapers for NaN/inf, or lower optim.lr; "
+            + (f"the latest checkpoint is {latest}." if latest else "no checkpoint was saved.")
+        )
 
     def budget_spent(self) -> bool:
         """Whether train.max_generated_tokens (if set) has been reached."""

@@ -6,6 +6,8 @@ micro-batch losses and gradients equal one pass over the minibatch (see core.agg
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections import defaultdict
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -37,6 +39,14 @@ class UpdateContext:
     # (a LoRA policy with its adapter disabled).
     ref_model: torch.nn.Module | None = None
     ref_context: Any = None
+    # Optimizer updates skipped for a non-finite loss or gradient: in a row (a finite update
+    # resets it; the trainer stops at optim.max_nonfinite_updates) and over the run.
+    nonfinite_in_a_row: int = 0
+    nonfinite_total: int = 0
+
+
+class NonFiniteUpdateError(RuntimeError):
+    """The loss or gradient was NaN or inf in `optim.max_nonfinite_updates` updates in a row."""
 
 
 def batch_logprobs(
@@ -80,16 +90,22 @@ def policy_update(ctx: UpdateContext, batch: StepBatch) -> dict[str, float]:
             ref_logp = batch_logprobs(ref, batch, cfg, everything)
     pooled = MetricPool()
     grad_norms: list[float] = []
+    skipped = 0
     ctx.model.train()
     for _ in range(alg.ppo_epochs):
         order = torch.randperm(n) if alg.minibatches > 1 else everything
         for minibatch in order.chunk(alg.minibatches):
             metrics, tokens = _minibatch_step(ctx, batch, minibatch, old_logp, ref_logp)
             pooled.add(metrics, tokens)
-            grad_norms.append(_optimizer_step(ctx))
+            norm, stepped = _optimizer_step(ctx, loss_finite=math.isfinite(metrics["loss"]))
+            grad_norms.append(norm)
+            skipped += not stepped
     out = pooled.result()
-    out["grad_norm"] = sum(grad_norms) / len(grad_norms)
+    out["grad_norm"] = sum(grad_norms) / len(grad_norms)  # NaN when an update was skipped
     out["lr"] = ctx.scheduler.get_last_lr()[0]
+    out["nonfinite/skipped_updates"] = float(skipped)
+    out["nonfinite/in_a_row"] = float(ctx.nonfinite_in_a_row)
+    out["nonfinite/total"] = float(ctx.nonfinite_total)
     return out
 
 
@@ -181,11 +197,25 @@ class MetricPool:
         return out
 
 
-def _optimizer_step(ctx: UpdateContext) -> float:
+def _optimizer_step(ctx: UpdateContext, loss_finite: bool) -> tuple[float, bool]:
+    """Clip the gradient and step; returns (gradient norm, whether the optimizer stepped).
+
+    A non-finite loss or gradient norm (any NaN or inf gradient makes the norm non-finite)
+    skips the optimizer step, so neither the parameters nor the optimizer's moments ever see
+    it, and is counted in `ctx`. The lr schedule advances either way: it counts updates."""
     params = [p for p in ctx.model.parameters() if p.requires_grad]
     max_norm = ctx.config.optim.max_grad_norm
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
-    ctx.optimizer.step()
-    ctx.scheduler.step()
+    norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf")))
+    stepped = loss_finite and math.isfinite(norm)
+    if stepped:
+        ctx.optimizer.step()
+        ctx.nonfinite_in_a_row = 0
+    else:
+        ctx.nonfinite_in_a_row += 1
+        ctx.nonfinite_total += 1
+    with warnings.catch_warnings():
+        # torch warns when the schedule steps before any optimizer step (a skipped first one).
+        warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)
+        ctx.scheduler.step()
     ctx.optimizer.zero_grad(set_to_none=True)
-    return float(norm)
+    return norm, stepped
