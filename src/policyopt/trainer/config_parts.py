@@ -99,7 +99,7 @@ def check_parts(config: Config) -> list[str]:
             supplied=LOSS_SUPPLIED,
         )
     named(problems, "algorithm.kl_estimator", KL_ESTIMATORS, alg.kl_estimator)
-    if alg.agg not in AGG_MODES:
+    if alg.agg is not None and alg.agg not in AGG_MODES:  # None: the loss's own default
         problems.append(unknown("algorithm.agg", "aggregation mode", alg.agg, list(AGG_MODES)))
     task = named(problems, "task.name", TASKS, config.task.name)
     if task is not None:
