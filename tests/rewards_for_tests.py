@@ -42,3 +42,13 @@ def digit_fraction_with_structure(prompts, completions, **columns):
             "same_length": torch.tensor([[float(a == b) for b in lengths] for a in lengths]),
         },
     )
+
+
+def always_one(prompts, completions, **columns):
+    """Every completion correct: groups are constant under the verifier alone."""
+    return [1.0] * len(completions)
+
+
+def char_count(prompts, completions, **columns):
+    """A length bonus: the completion's number of characters."""
+    return [float(len(text)) for text in completions]

@@ -114,12 +114,15 @@ def test_two_steps_log_per_type_metrics_and_gamma_follows_the_step(tmp_path):
 
 def test_group_filter_drops_all_zero_groups(tmp_path):
     # The untrained model writes no `<table>` and no parseable LaTeX: those groups score all
-    # zero and the docpo filter drops them before shaping.
+    # zero and the docpo filter drops them. Shaping runs before the filter (DESIGN's order),
+    # so the shaper's per-type metrics cover every sampled type, the dropped ones at 0.
     trainer = docpo_run(tmp_path, steps=1)
     trainer.train()
     trainer.close()
     (record,) = records(tmp_path)
     assert record["filter/kept_groups"] < record["filter/sampled_groups"] == 6
-    kept_types = {k.split("/")[1] for k in record if k.startswith("docpo/")}
-    assert kept_types <= {"text"}
+    types = {k.split("/")[1] for k in record if k.startswith("docpo/")}
+    assert {"table", "formula"} <= types
+    for t in types - {"text"}:
+        assert record[f"docpo/{t}/raw_mean"] == record[f"docpo/{t}/shaped_mean"] == 0.0
     assert math.isfinite(record["reward/mean"])

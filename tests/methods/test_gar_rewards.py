@@ -48,25 +48,3 @@ def test_aux_residual_aggregation():
     expected = torch.tensor([0.4, 0.6, 0.3, 0.3, -0.2])
     torch.testing.assert_close(aggregate_anchors(main, aux), expected)
     torch.testing.assert_close(aggregate_anchors(main, aux, weight=1.0)[0], torch.tensor(0.6))
-
-
-def test_shaper_keeps_earlier_additive_terms() -> None:
-    """GAR replaces the verifier's reward only: a DAPO overlong term added before it stays."""
-    from policyopt.rewards.shaping import SHAPERS, ShapingContext
-
-    shaper = SHAPERS.get("gar")()
-    verifier = torch.tensor([0.0, 0.0, 0.0])
-    overlong = torch.tensor([-0.5, 0.0, -1.0])
-    ctx = ShapingContext(
-        step=0,
-        total_steps=1,
-        group_ids=torch.tensor([0, 0, 1]),
-        correct=torch.tensor([False, False, False]),
-        prompts=["a", "a", "b"],
-        completions=["x", "y", "z"],
-        columns={},
-        rollouts=None,
-        verifier_rewards=verifier,
-    )
-    shaped, _ = shaper(verifier + overlong, ctx)
-    assert torch.equal(shaped, overlong)

@@ -18,7 +18,7 @@ def test_dapo_preset_carries_paper_defaults() -> None:
     assert (cfg.algorithm.clip_low, cfg.algorithm.clip_high) == (0.2, 0.28)
     assert cfg.algorithm.agg == "token-mean"
     assert cfg.algorithm.dynamic_sampling
-    assert cfg.reward.overlong.enabled
+    assert [s.name for s in cfg.reward.shapers] == ["overlong"]
     assert cfg.algorithm.kl_coef == 0.0
 
 

@@ -12,7 +12,12 @@ Notation: ρ_{i,t} = π_θ(y_{i,t}) / π_old(y_{i,t}) = exp(logp − old_logp) i
   `token` (GSPO-token): s_{i,t} = sg[s_i] · π_θ(y_{i,t}) / sg[π_θ(y_{i,t})], same value as s_i
   with a per-token gradient path, which admits per-token advantages; aggregated
   seq-mean-token-mean. GSPO's normalisation is part of its objective, so it ignores `agg`
-  (both variants), `global_tokens` and `max_len`; it uses `global_seqs`.
+  (both variants), `global_tokens` and `max_len`; it uses `global_seqs`. Its `ignores`
+  attribute says so: a configured `algorithm.agg` with it is a config error.
+
+Each loss's keyword defaults (clip_low / clip_high, agg) are its paper's defaults, and the
+only place they live: the trainer's config fills an unset `algorithm.clip_low` etc. from
+them (`policyopt.trainer.config.resolve_loss_options`).
 
 Each registered loss has the signature
 `(logp, old_logp, advantages, mask, agg, *, global_tokens, global_seqs, max_len, **options)
@@ -190,6 +195,10 @@ def gspo_loss(
         ratio_tok, _per_token(advantages, mask), log_ratio, mask, clip_low, clip_high, s[has_tokens]
     )
     return loss, metrics
+
+
+# GSPO's normalisation is part of its objective: a configured `agg` is an error, not ignored.
+gspo_loss.ignores = ("agg",)  # type: ignore[attr-defined]
 
 
 @torch.no_grad()

@@ -133,6 +133,10 @@ def hispo_loss(
     return loss, metrics
 
 
+# The segment loss has its own normalisation (mean over responses): `agg` is an error.
+hispo_loss.ignores = ("agg",)  # type: ignore[attr-defined]
+
+
 @torch.no_grad()
 def _segment_metrics(
     mu: Tensor,

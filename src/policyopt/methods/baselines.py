@@ -1,4 +1,10 @@
-"""Presets of the baselines, with their papers' defaults (SPEC section 1)."""
+"""Presets of the baselines, with their papers' defaults (SPEC section 1).
+
+A loss's own defaults (clip range, aggregation) live in its function in
+`policyopt.core.losses`; a preset states only what differs from them or what its paper
+fixes. Its loss options belong to its loss: `algorithm.loss=gspo` on the grpo or dapo preset
+starts from GSPO's own 3e-4 / 4e-4 (`policyopt.trainer.config.preset_for`).
+"""
 
 from policyopt.methods.presets import register_preset
 
@@ -19,7 +25,9 @@ register_preset(
 )
 
 # DAPO (arXiv 2503.14476): clip-higher 0.2/0.28, token-mean over the global batch, dynamic
-# sampling, overlong shaping; no KL.
+# sampling (on the task reward: accuracy), overlong shaping (the `overlong` shaper: L_max =
+# rollout.max_new_tokens, L_cache = 0.2 L_max as in the paper); no KL. Overlong filtering,
+# the paper's alternative, is algorithm.filter_truncated (off).
 register_preset(
     "dapo",
     {
@@ -32,7 +40,7 @@ register_preset(
             "kl_coef": 0.0,
             "dynamic_sampling": True,
         },
-        "reward": {"overlong": {"enabled": True}},
+        "reward": {"shapers": [{"name": "overlong", "options": {}}]},
     },
 )
 
@@ -50,20 +58,10 @@ register_preset(
     },
 )
 
-# GSPO (arXiv 2507.18071): sequence ratio, clip 3e-4/4e-4. Its sequence clip only acts
-# off-policy, so as in the paper each rollout batch is split into 4 minibatches.
-register_preset(
-    "gspo",
-    {
-        "algorithm": {
-            "advantage": "grpo",
-            "loss": "gspo",
-            "clip_low": 3e-4,
-            "clip_high": 4e-4,
-            "minibatches": 4,
-        }
-    },
-)
+# GSPO (arXiv 2507.18071): sequence ratio, clip 3e-4/4e-4 (the gspo loss's own defaults).
+# Its sequence clip only acts off-policy, so as in the paper each rollout batch is split
+# into 4 minibatches.
+register_preset("gspo", {"algorithm": {"advantage": "grpo", "loss": "gspo", "minibatches": 4}})
 
 # RLOO: leave-one-out baseline, REINFORCE on the sequence log-prob (token sum).
 register_preset(

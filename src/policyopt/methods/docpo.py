@@ -19,8 +19,16 @@ CV = std / mean (population std; CV = ∞ when mean = 0) with `cv_target`:
                                                        slower, keep partial credit;
     otherwise τ is unchanged; τ is clamped to [tau_min, tau_max]; rate = 0 keeps τ fixed.
 
-The shaper observes the batch's raw rewards, updates each type present once, then shapes the
-batch with the updated τ; call it once per training step.
+The shaper observes the batch's raw rewards, updates each type present, then shapes the
+batch with the updated τ. With dynamic sampling it is called once per sampling round: every
+round's raw rewards join the window (they are all samples of the current policy, and the
+all-perfect / all-zero groups a filter drops are part of the dispersion), but τ moves at
+most once per training step, so every round of a step is shaped with the same γ and the
+adaptation rate does not depend on how many rounds a step needed.
+
+Composition: SAA transforms the task reward M only; additive terms (DAPO's overlong penalty,
+other weighted reward functions) add after it (`policyopt.rewards.shaping`), so M stays in
+[0, 1] here.
 """
 
 from __future__ import annotations
@@ -90,6 +98,7 @@ class DispersionController:
             )
         self._tau: dict[str, float] = {}
         self._rewards: dict[str, deque[float]] = {}
+        self._moved_at: dict[str, int] = {}  # the step of each type's last τ move
 
     def tau(self, element_type: str) -> float:
         """The type's current τ (tau_init until its first update)."""
@@ -111,8 +120,13 @@ class DispersionController:
         var = sum((r - mean) ** 2 for r in window) / len(window)
         return math.sqrt(var) / mean
 
-    def update(self, element_type: str) -> float:
-        """One step of the rule; returns the type's new τ."""
+    def update(self, element_type: str, step: int | None = None) -> float:
+        """One step of the rule; returns the type's new τ. With `step`, τ moves at most once
+        per step (later calls in the same step return it unchanged)."""
+        if step is not None:
+            if self._moved_at.get(element_type) == step:
+                return self.tau(element_type)
+            self._moved_at[element_type] = step
         cv = self.cv(element_type)
         tau = self.tau(element_type)
         if cv is not None and cv < self.cv_target * (1 - self.band):
@@ -126,17 +140,21 @@ class DispersionController:
         return {
             "tau": dict(self._tau),
             "rewards": {t: list(w) for t, w in self._rewards.items()},
+            "moved_at": dict(self._moved_at),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if set(state) != {"tau", "rewards"}:
+        # "moved_at" is absent from checkpoints written before τ moved once per step.
+        if not {"tau", "rewards"} <= set(state) <= {"tau", "rewards", "moved_at"}:
             raise ValueError(
-                f"DispersionController state must have keys 'tau' and 'rewards', got {sorted(state)}"
+                "DispersionController state must have keys 'tau', 'rewards' (and "
+                f"'moved_at'), got {sorted(state)}"
             )
         self._tau = {t: float(v) for t, v in state["tau"].items()}
         self._rewards = {
             t: deque((float(r) for r in w), maxlen=self.window) for t, w in state["rewards"].items()
         }
+        self._moved_at = {t: int(s) for t, s in state.get("moved_at", {}).items()}
 
 
 class StepAwareShaper(RewardShaper):
@@ -200,7 +218,7 @@ class StepAwareShaper(RewardShaper):
         for t, index in by_type.items():
             raw = m[index]
             self.controller.observe(t, raw.tolist())
-            tau = self.controller.update(t)
+            tau = self.controller.update(t, step)
             g = step_aware_gamma(step, tau, self.gamma_init, self.delta)
             gamma[index] = g
             cv = self.controller.cv(t)
@@ -249,8 +267,9 @@ def filter_degenerate_groups(
     rewards: torch.Tensor, group_ids: torch.Tensor, low: float = 0.0, high: float = 1.0
 ) -> torch.Tensor:
     """Keep mask [N]: False for every sample of a group whose rewards are all >= high (all
-    perfect) or all <= low (all zero): their group-relative advantages are all zero. Apply to
-    raw rewards (SAA maps 0 to 0 and 1 to 1, so shaped rewards give the same mask)."""
+    perfect) or all <= low (all zero): their group-relative advantages are all zero. The
+    trainer applies it to the shaped task reward M^γ (SAA maps 0 to 0 and 1 to 1, so the mask
+    is that of the raw M), not to additive penalties."""
     if rewards.dim() != 1 or group_ids.shape != rewards.shape:
         raise ValueError(
             f"filter_degenerate_groups: rewards {tuple(rewards.shape)} and group_ids "

@@ -147,18 +147,12 @@ def hispo_segments(
 
 # HISPO: GRPO advantages, the segment loss, entropy segments with the paper's α = 0.1,
 # q_H = 0.6, Δ = 64 and L_min = 16 (the loss's default). The paper does not state the clip
-# range ε: we use GRPO's 0.2 / 0.2 (SPEC section 2). `agg` only sets how a KL term is
-# aggregated; the segment loss has its own normalisation (mean over responses).
+# range ε: the loss's default is GRPO's 0.2 / 0.2 (SPEC section 2). The segment loss has
+# its own normalisation (mean over responses), so it takes no `agg`.
 register_preset(
     "hispo",
     {
-        "algorithm": {
-            "advantage": "grpo",
-            "loss": "hispo",
-            "agg": "seq-mean-token-mean",
-            "clip_low": 0.2,
-            "clip_high": 0.2,
-        },
+        "algorithm": {"advantage": "grpo", "loss": "hispo"},
         "rollout": {"annotators": [{"name": "hispo_segments", "options": {}}]},
     },
 )

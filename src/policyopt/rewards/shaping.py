@@ -1,9 +1,27 @@
-"""Reward shapers: transforms of the verifier's rewards that need more than the rewards.
+"""Reward shapers: transforms of the task reward, and terms added to it.
 
 A shaper is registered by name in `SHAPERS` as a factory `(**options) -> RewardShaper`.
-The trainer calls each configured shaper in order, after the verifier and DAPO's overlong
-term, with a `ShapingContext` describing the batch. GAR (gradient-aligned bonus) and DocPO
-(step-aware annealing) are shapers.
+The trainer calls each configured shaper in order on every generation round, before the
+group filters, with a `ShapingContext` describing the round.
+
+How the parts compose. The step's reward of rollout i is
+
+    R_i = w_task · M'_i + Σ_{f ≠ task} w_f r_f(i) + Σ_terms t_i
+
+- M is the task reward function's value (`reward.task_function`: by default the function
+  named "task", else the first), before its weight; `__call__(rewards, ctx)` receives M as
+  shaped by the shapers before it and returns it transformed: GAR replaces it (correct ->
+  r_base + β max(0, b̂), wrong -> 0), DocPO anneals it (M^γ). M' is the result.
+- The other weighted reward functions (a format penalty, a length bonus, a user's
+  function) add as configured: no shaper sees or replaces them.
+- A shaper that adds a term instead (DAPO's overlong penalty) returns `rewards` unchanged
+  and adds its term with `ctx.add_term(name, values)`; terms add after every transform,
+  whatever the order of the shapers (so DocPO's power never sees a negative penalty).
+Group filters look at M' (`policyopt.trainer.rollout_phase`).
+
+A shaper with state (DocPO's dispersion controller) is called once per sampling round, so
+possibly several times per training step (dynamic sampling): it must advance its state at
+most once per `ctx.step`.
 
 Declared structure (`policyopt.core.structure`): a shaper whose factory is marked
 `@needs(name)` reads the value as `ctx.structure[name]` (the trainer checks it is there
@@ -46,10 +64,21 @@ class ShapingContext:
     tokenizer: Any = None
     logit_chunk_size: int = 1024
     raw: dict[str, list[float]] = field(default_factory=dict)
-    # The weighted verifier total before any shaping [N]; `rewards - verifier_rewards` is what
-    # earlier shaping added (DAPO's overlong term), which a shaper that replaces the
-    # verifier's reward (GAR) keeps.
-    verifier_rewards: torch.Tensor | None = None
+    # rollout.max_new_tokens (DAPO's L_max by default).
+    max_new_tokens: int | None = None
+    # Additive terms of the reward, by name (`add_term`).
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def add_term(self, name: str, values: torch.Tensor) -> None:
+        """Add a term [N] to the reward, after the task reward's transforms."""
+        if name in self.terms:
+            raise ValueError(f"reward term {name!r} is added twice")
+        if values.shape != self.group_ids.shape:
+            raise ValueError(
+                f"reward term {name!r} has shape {tuple(values.shape)}, expected "
+                f"{tuple(self.group_ids.shape)}"
+            )
+        self.terms[name] = values
 
     @property
     def structure(self) -> dict[str, torch.Tensor]:

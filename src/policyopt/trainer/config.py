@@ -77,18 +77,6 @@ class RewardFunctionConfig(Section):
     weight: float = 1.0
 
 
-class OverlongConfig(Section):
-    """DAPO overlong shaping: penalty in the last `buffer_len` tokens before L_max."""
-
-    enabled: bool = False
-    # L_max; None means rollout.max_new_tokens.
-    max_len: int | None = None
-    # L_cache; None means a quarter of L_max (DAPO: 4096 of 20480 = 0.2; we round up).
-    buffer_len: int | None = None
-    # Overlong filtering: drop the loss of responses that hit max_new_tokens.
-    filter_truncated: bool = False
-
-
 class ShaperConfig(Section):
     name: str
     options: dict[str, Any] = {}
@@ -96,10 +84,15 @@ class ShaperConfig(Section):
 
 class RewardConfig(Section):
     functions: list[RewardFunctionConfig] = [RewardFunctionConfig()]
-    overlong: OverlongConfig = OverlongConfig()
-    # Method reward shapers applied in order after the verifier (GAR, DocPO annealing, ...).
+    # The function whose value is the task reward M: what correct_threshold judges, what
+    # shapers transform (GAR replaces it, DocPO anneals it) and what group filters look at;
+    # the other functions add their weighted values as configured (policyopt.rewards.shaping).
+    # None: the function named "task", else the first.
+    task_function: str | None = None
+    # Reward shapers applied in order to every sampling round, before the group filters
+    # (GAR, DocPO annealing, DAPO's `overlong` penalty, ...).
     shapers: list[ShaperConfig] = []
-    # A reward >= this counts as correct (accuracy, pass@k).
+    # A task reward M >= this counts as correct (accuracy, pass@k, GAR's correct rollouts).
     correct_threshold: float = 1.0
     # Hand each response to reward functions that can start early (a `prefetch` attribute,
     # e.g. DocPO's formula checks) as soon as it ends, while longer ones are still sampled.
@@ -115,9 +108,13 @@ class AlgorithmConfig(Section):
     advantage: str = "grpo"
     advantage_options: dict[str, Any] = {}
     loss: str = "ppo_clip"
-    agg: str = "seq-mean-token-mean"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
+    # agg, clip_low, clip_high: None means the loss's own default (GSPO 3e-4 / 4e-4, HISPO
+    # and PPO 0.2 / 0.2; load_config fills them in, `resolve_loss_options`). A preset's
+    # values belong to its loss: choosing another loss starts from that loss's defaults.
+    # `agg` for a loss with its own normalisation (gspo, hispo) is an error.
+    agg: str | None = None
+    clip_low: float | None = None
+    clip_high: float | None = None
     loss_options: dict[str, Any] = {}
     # KL to the reference policy: off unless kl_coef > 0 (then a reference model is kept,
     # or the LoRA adapter is disabled for it).
@@ -129,9 +126,11 @@ class AlgorithmConfig(Section):
     # DAPO dynamic sampling: drop groups with all-equal rewards and sample more prompts.
     dynamic_sampling: bool = False
     max_sampling_rounds: int = Field(3, ge=1)
-    # Group filter by name (registered in policyopt.trainer.filters), applied after
+    # Group filter by name (registered in policyopt.core.filters), applied after
     # dynamic sampling; None for none.
     group_filter: str | None = None
+    # DAPO's overlong filtering: mask the loss of responses that hit max_new_tokens.
+    filter_truncated: bool = False
 
 
 class OptimConfig(Section):
@@ -247,7 +246,41 @@ def load_config(
     except ValidationError as err:
         raise ConfigError(describe_validation_error(err)) from None
     check_structure(config)
+    resolve_loss_options(config)
+    check_task_function(config)
     return config
+
+
+def resolve_loss_options(config: Config) -> None:
+    """Fill agg / clip_low / clip_high left None from the loss's own defaults (its keyword
+    defaults: each paper default lives there); reject those the loss ignores."""
+    import inspect
+
+    from policyopt.core import POLICY_LOSSES
+
+    alg = config.algorithm
+    fn = POLICY_LOSSES.get(alg.loss)
+    params = inspect.signature(fn).parameters
+    ignored = getattr(fn, "ignores", ())
+    for key in ("agg", "clip_low", "clip_high"):
+        value = getattr(alg, key)
+        if key in ignored or key not in params:
+            if value is not None:
+                raise ConfigError(
+                    f"algorithm.{key}: the {alg.loss!r} loss does not use {key} (it has its "
+                    f"own normalisation or clip); remove algorithm.{key}"
+                )
+        elif value is None:
+            setattr(alg, key, params[key].default)
+
+
+def check_task_function(config: Config) -> None:
+    names = [f.name for f in config.reward.functions]
+    chosen = config.reward.task_function
+    if chosen is not None and chosen not in names:
+        raise ConfigError(
+            f"reward.task_function: {chosen!r} is not one of reward.functions ({', '.join(names)})"
+        )
 
 
 def check_structure(config: Config) -> None:
@@ -332,25 +365,29 @@ def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-# (section, name key, options key): a part's options belong to the part the name selects.
+# (section, name key, option keys): a part's options belong to the part the name selects.
+# A loss's clip range and aggregation are its options too: DAPO's clip_high 0.28 is a
+# token-clip value, and `algorithm.loss=gspo` on the dapo preset starts from GSPO's own
+# 3e-4 / 4e-4 (`resolve_loss_options`).
 PART_OPTIONS = (
-    ("rollout", "strategy", "strategy_options"),
-    ("algorithm", "advantage", "advantage_options"),
-    ("algorithm", "loss", "loss_options"),
-    ("task", "name", "options"),
+    ("rollout", "strategy", ("strategy_options",)),
+    ("algorithm", "advantage", ("advantage_options",)),
+    ("algorithm", "loss", ("loss_options", "agg", "clip_low", "clip_high")),
+    ("task", "name", ("options",)),
 )
 
 
 def drop_replaced_options(lower: dict[str, Any], upper: dict[str, Any]) -> None:
     """Remove from `lower` the options of each part that `upper` replaces by another name:
     a preset's or base recipe's tree options mean nothing to `rollout.strategy=parallel`."""
-    for section, name_key, options_key in PART_OPTIONS:
+    for section, name_key, option_keys in PART_OPTIONS:
         below, above = lower.get(section), upper.get(section)
         if not (isinstance(below, dict) and isinstance(above, dict)) or name_key not in above:
             continue
         default = getattr(Config.model_fields[section].default, name_key)
         if above[name_key] != below.get(name_key, default):
-            below.pop(options_key, None)
+            for key in option_keys:
+                below.pop(key, None)
 
 
 def deep_merge(into: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:

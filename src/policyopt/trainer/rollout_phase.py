@@ -1,11 +1,20 @@
-"""Prompts -> G rollouts each -> rewards -> group filter (with DAPO dynamic sampling)."""
+"""Prompts -> G rollouts each -> rewards -> shaping -> group filter (DAPO dynamic sampling).
+
+DESIGN's order: the reward pipeline (verifier, then shapers) runs on each generation round
+before the group filters, so that a filter sees the shaped rewards. What a filter looks at is
+the task reward after the shapers that transform it (`Scored.filter_rewards`: GAR's bonus,
+DocPO's annealed M), not the additive terms (the other weighted reward functions, DAPO's
+overlong penalty): DAPO drops the groups whose accuracy is 0 or 1 (arXiv 2503.14476, §3.2),
+also when the length penalty makes their rewards differ, while a group whose rollouts are
+all correct still carries GAR's bonus and is kept.
+"""
 
 from __future__ import annotations
 
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import datasets
@@ -14,7 +23,6 @@ import torch
 from policyopt.core.filters import GROUP_FILTERS
 from policyopt.core.structure import check_declared_made, check_produced
 from policyopt.rewards.functions import RewardPipeline
-from policyopt.rewards.overlong import overlong_penalty
 from policyopt.rewards.shaping import SHAPERS
 from policyopt.rollout.base import RolloutEngine, Rollouts, SamplingParams, concat_rollouts
 from policyopt.rollout.strategies import ROLLOUT_ANNOTATORS, ROLLOUT_STRATEGIES
@@ -24,20 +32,28 @@ from policyopt.trainer.config import Config
 
 @dataclass
 class Scored:
-    """One generation round's rollouts and verifier rewards."""
+    """One generation round's rollouts and rewards, split into the task term and the rest.
+
+    The reward of rollout i is w_task · M_i + Σ_{f ≠ task} w_f r_f(i) (+ shaper terms): M is
+    the task reward function's value (`reward.task_function`), which the shapers transform.
+    """
 
     rollouts: Rollouts
     group_ids: torch.Tensor
     prompts: list[str]
     completions: list[str]
     columns: dict[str, list[Any]]
-    rewards: torch.Tensor  # weighted verifier total (plus the overlong term)
-    # The verifier total alone: what group filters look at (DAPO filters on accuracy, not on
-    # the length-shaped reward).
-    raw_rewards: torch.Tensor
-    correct: torch.Tensor
+    task_rewards: torch.Tensor  # M [N]: the task function's value (None -> 0), unweighted
+    task_weight: float  # w_task
+    other_rewards: torch.Tensor  # Σ_{f ≠ task} w_f r_f [N]
+    raw_rewards: torch.Tensor  # the pipeline's weighted total, unshaped [N] (reward/mean)
+    correct: torch.Tensor  # M >= reward.correct_threshold
+    # After shaping (`Trainer._shape_round`); until then the unshaped values.
+    rewards: torch.Tensor  # the step's reward [N]
+    filter_rewards: torch.Tensor  # the shaped task term: what group filters look at [N]
     per_function: dict[str, list[float]] = field(default_factory=dict)
     unparseable: int = 0
+    shaping_metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -140,13 +156,16 @@ def generate_and_score(
     rollouts.add_extras({k: v for k, v in result.structure.items() if k not in pairwise})
     rollouts.add_extras({k: result.structure[k] for k in pairwise}, pairwise=True)
     raw = torch.as_tensor(result.total, dtype=torch.float32)
-    rewards = raw
-    correct = raw >= config.reward.correct_threshold
-    ov = config.reward.overlong
-    if ov.enabled:
-        max_len = ov.max_len or config.rollout.max_new_tokens
-        buffer = ov.buffer_len or max(1, -(-max_len // 4))
-        rewards = rewards + overlong_penalty(rollouts.lengths, max_len, buffer)
+    task_name = task_function(config)
+    per_function = {
+        k: [0.0 if v is None else float(v) for v in vals] for k, vals in result.raw.items()
+    }
+    task = torch.tensor(per_function[task_name], dtype=torch.float32)
+    other = torch.zeros_like(task)
+    for name, _, weight in reward_fn.functions:
+        if name != task_name:
+            other += weight * torch.tensor(per_function[name], dtype=torch.float32)
+    task_weight = next(w for name, _, w in reward_fn.functions if name == task_name)
     times.generation += t1 - t0
     times.scoring += time.perf_counter() - t1
     times.rounds += 1
@@ -158,14 +177,25 @@ def generate_and_score(
         prompts=prompts,
         completions=completions,
         columns=columns,
-        rewards=rewards,
+        task_rewards=task,
+        task_weight=task_weight,
+        other_rewards=other,
         raw_rewards=raw,
-        correct=correct.bool(),
-        per_function={
-            k: [0.0 if v is None else float(v) for v in vals] for k, vals in result.raw.items()
-        },
+        correct=task >= config.reward.correct_threshold,
+        rewards=raw,
+        filter_rewards=task,
+        per_function=per_function,
         unparseable=int(sum(result.unparseable.values())),
     )
+
+
+def task_function(config: Config) -> str:
+    """The reward function whose value is the task reward M: `reward.task_function`, else
+    the one named "task", else the first."""
+    names = [f.name for f in config.reward.functions]
+    if config.reward.task_function is not None:
+        return config.reward.task_function
+    return "task" if "task" in names else names[0]
 
 
 def prefetch_enabled(config: Config) -> bool:
@@ -188,39 +218,52 @@ def needs_hidden(config: Config) -> bool:
     return any(getattr(SHAPERS.get(s.name), "needs_hidden", False) for s in config.reward.shapers)
 
 
+_PER_ROLLOUT = (
+    "group_ids",
+    "task_rewards",
+    "other_rewards",
+    "raw_rewards",
+    "correct",
+    "rewards",
+    "filter_rewards",
+)
+
+
 def select(s: Scored, keep: torch.Tensor) -> Scored:
     idx = keep.nonzero().squeeze(-1)
     pick = idx.tolist()
-    return Scored(
+    return replace(
+        s,
         rollouts=s.rollouts.select(idx),
-        group_ids=s.group_ids[idx],
         prompts=[s.prompts[i] for i in pick],
         completions=[s.completions[i] for i in pick],
         columns={k: [v[i] for i in pick] for k, v in s.columns.items()},
-        rewards=s.rewards[idx],
-        raw_rewards=s.raw_rewards[idx],
-        correct=s.correct[idx],
         per_function={k: [v[i] for i in pick] for k, v in s.per_function.items()},
-        unparseable=s.unparseable,
+        **{k: getattr(s, k)[idx] for k in _PER_ROLLOUT},
     )
 
 
 def merge(parts: list[Scored], pad_id: int) -> Scored:
+    """The rounds' rollouts stacked; shaping metrics averaged over the rounds."""
     if len(parts) == 1:
         return parts[0]
-    return Scored(
+    keys = {k for p in parts for k in p.shaping_metrics}
+    return replace(
+        parts[0],
         rollouts=concat_rollouts([p.rollouts for p in parts], pad_id),
-        group_ids=torch.cat([p.group_ids for p in parts]),
         prompts=[x for p in parts for x in p.prompts],
         completions=[x for p in parts for x in p.completions],
         columns={k: [x for p in parts for x in p.columns[k]] for k in parts[0].columns},
-        rewards=torch.cat([p.rewards for p in parts]),
-        raw_rewards=torch.cat([p.raw_rewards for p in parts]),
-        correct=torch.cat([p.correct for p in parts]),
         per_function={
             k: [x for p in parts for x in p.per_function[k]] for k in parts[0].per_function
         },
         unparseable=sum(p.unparseable for p in parts),
+        shaping_metrics={
+            k: sum(p.shaping_metrics[k] for p in parts if k in p.shaping_metrics)
+            / sum(k in p.shaping_metrics for p in parts)
+            for k in keys
+        },
+        **{k: torch.cat([getattr(p, k) for p in parts]) for k in _PER_ROLLOUT},
     )
 
 
@@ -234,9 +277,11 @@ def collect_batch(
 ) -> tuple[Scored | None, dict[str, float]]:
     """Generate rounds of `prompts_per_step` prompts until enough groups pass the filters.
 
-    Without dynamic sampling this is one round. With it, groups whose rewards are all equal
-    are dropped and more prompts are sampled, for at most `max_sampling_rounds` rounds; the
-    batch is then cut to `prompts_per_step` groups (or trained as it is, if still short).
+    `score_round` returns a round's rewards already shaped; the filters look at its
+    `filter_rewards` (module docstring). Without dynamic sampling this is one round. With
+    it, groups whose (shaped task) rewards are all equal are dropped and more prompts are
+    sampled, for at most `max_sampling_rounds` rounds; the batch is then cut to
+    `prompts_per_step` groups (or trained as it is, if still short).
     """
     alg = config.algorithm
     target = config.rollout.prompts_per_step
@@ -256,7 +301,7 @@ def collect_batch(
         all_rounds.append(scored)
         keep = torch.ones(len(scored.rewards), dtype=torch.bool)
         for f in filters:
-            keep &= f(scored.raw_rewards, scored.group_ids)
+            keep &= f(scored.filter_rewards, scored.group_ids)
         if keep.any():
             kept.append(select(scored, keep))
             n_groups += int(torch.unique(scored.group_ids[keep]).numel())
@@ -282,8 +327,9 @@ def _sample_stats(s: Scored) -> dict[str, float]:
     lengths = s.rollouts.lengths.float()
     return {
         "leaves": float(len(s.rewards)),  # rollouts sampled (a tree's leaf count varies)
-        "reward/mean": float(s.rewards.mean()),
-        "reward/std": float(s.rewards.std()) if len(s.rewards) > 1 else 0.0,
+        # The weighted reward functions' total, before shaping (comparable across methods).
+        "reward/mean": float(s.raw_rewards.mean()),
+        "reward/std": float(s.raw_rewards.std()) if len(s.raw_rewards) > 1 else 0.0,
         "accuracy": float(s.correct.float().mean()),
         "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()),

@@ -20,7 +20,6 @@ from policyopt.core.structure import (
     MissingStructureError,
     missing_message,
     needs_of,
-    optional_needs_of,
     produces_of,
 )
 
@@ -60,21 +59,15 @@ def configured_parts(config: Config) -> tuple[list[tuple[str, Any]], list[tuple[
 
 
 def check_config_structure(config: Config) -> None:
-    """Every required input of a configured part is produced by a part that runs earlier,
-    and no structure name is also set as an option of its consumer."""
+    """Every required input of a configured part is produced by a part that runs earlier.
+    (A structure name given as an option is reported by `config_parts`.)"""
     producers, consumers = configured_parts(config)
     made = set(BUILTIN)
     for label, part in producers:
         _check_needs(label, part, made)  # a shaper's needs come from the parts before it
         made.update(produces_of(part))
-    options = (config.algorithm.advantage_options, config.algorithm.loss_options)
-    for (label, part), given in zip(consumers, options, strict=True):
+    for label, part in consumers:
         _check_needs(label, part, made)
-        clash = sorted((set(needs_of(part)) | set(optional_needs_of(part))) & set(given))
-        if clash:
-            raise MissingStructureError(
-                f"{label}: {clash} is structure the run produces, not an option to set"
-            )
 
 
 def _check_needs(label: str, part: Any, made: set[str]) -> None:

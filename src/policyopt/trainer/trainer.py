@@ -1,4 +1,4 @@
-"""The training loop: rollout -> rewards -> filter -> advantages -> update, with resume.
+"""The training loop: rollout -> rewards -> shaping -> filter -> advantages -> update, with resume.
 
 The loop knows the plug points by name only (engines, reward functions, shapers, filters,
 advantage estimators, losses); methods are registered parts and presets, not subclasses.
@@ -10,6 +10,7 @@ import copy
 import os
 import random
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -279,16 +280,18 @@ class Trainer:
             config=cfg,
             pad_id=self.pad_id,
             times=times,
-            score_round=lambda idx, offset: generate_and_score(
-                rows=self.train_rows,
-                indices=idx,
-                group_offset=offset,
-                task=self.task,
-                tokenizer=self.tokenizer,
-                engine=self.engine,
-                reward_fn=self.reward_fn,
-                config=cfg,
-                times=times,
+            score_round=lambda idx, offset: self._shape_round(
+                generate_and_score(
+                    rows=self.train_rows,
+                    indices=idx,
+                    group_offset=offset,
+                    task=self.task,
+                    tokenizer=self.tokenizer,
+                    engine=self.engine,
+                    reward_fn=self.reward_fn,
+                    config=cfg,
+                    times=times,
+                )
             ),
         )
         metrics = dict(stats)
@@ -296,8 +299,9 @@ class Trainer:
         if scored is None:
             metrics["skipped_update"] = 1.0
         else:
-            batch, shaping_metrics = self._shape(scored)
-            metrics.update(shaping_metrics)
+            batch, batch_metrics = self._batch(scored)
+            metrics.update(scored.shaping_metrics)
+            metrics.update(batch_metrics)
             metrics.update(policy_update(self.update_ctx, batch))
             self.engine.sync_weights()
             if cfg.train.log_samples:
@@ -316,8 +320,16 @@ class Trainer:
         return metrics
 
     def _shape(self, s: Scored) -> tuple[StepBatch, dict[str, float]]:
+        """One round shaped and made a step batch, without group filtering."""
+        shaped = self._shape_round(s)
+        batch, metrics = self._batch(shaped)
+        return batch, {**shaped.shaping_metrics, **metrics}
+
+    def _shape_round(self, s: Scored) -> Scored:
+        """The shapers on one round (composition: `policyopt.rewards.shaping`):
+        R = w_task · M' + Σ other weighted functions + Σ shaper terms."""
         cfg = self.config
-        rewards = s.rewards
+        task = s.task_rewards
         metrics: dict[str, float] = {}
         ctx = ShapingContext(
             step=self.step,
@@ -332,17 +344,28 @@ class Trainer:
             tokenizer=self.tokenizer,
             logit_chunk_size=cfg.model.logit_chunk_size,
             raw=s.per_function,
-            verifier_rewards=s.raw_rewards,
+            max_new_tokens=cfg.rollout.max_new_tokens,
         )
         for spec, shaper in zip(cfg.reward.shapers, self.shapers, strict=True):
             label, factory = f"reward shaper {spec.name!r}", SHAPERS.get(spec.name)
             gather(label, factory, step_structure(s.rollouts))
             before = dict(ctx.structure)
-            rewards, m = shaper(rewards, ctx)
+            task, m = shaper(task, ctx)
             metrics.update(m)
             new = {k: v for k, v in ctx.structure.items() if before.get(k) is not v}
-            check_produced(label, factory, new, len(rewards))
+            check_produced(label, factory, new, len(task))
             check_declared_made(label, factory, ctx.structure)
+        task = task.float()
+        rewards = s.task_weight * task + s.other_rewards
+        for term in ctx.terms.values():
+            rewards = rewards + term.float()
+        return replace(s, rewards=rewards, filter_rewards=task, shaping_metrics=metrics)
+
+    def _batch(self, s: Scored) -> tuple[StepBatch, dict[str, float]]:
+        """Advantages of a (shaped, filtered) batch, and its loss mask."""
+        cfg = self.config
+        rewards = s.rewards
+        metrics: dict[str, float] = {}
         name = cfg.algorithm.advantage
         advantages = compute_advantages(
             name,
@@ -354,7 +377,7 @@ class Trainer:
             **cfg.algorithm.advantage_options,
         )
         loss_mask = s.rollouts.response_mask
-        if cfg.reward.overlong.filter_truncated:
+        if cfg.algorithm.filter_truncated:  # DAPO's overlong filtering
             loss_mask = loss_mask * (~s.rollouts.truncated).float()[:, None]
         batch = StepBatch(
             rollouts=s.rollouts,

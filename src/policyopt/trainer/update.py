@@ -146,22 +146,13 @@ def _minibatch_step(
         old = logp.detach() if old_logp is None else old_logp[rows, :width]
         options = {**slice_structure(wanted, r.pairwise, rows, width), **alg.loss_options}
         loss, metrics = compute_policy_loss(
-            alg.loss,
-            logp,
-            old,
-            adv,
-            m,
-            agg=alg.agg,
-            clip_low=alg.clip_low,
-            clip_high=alg.clip_high,
-            **norms,
-            **options,
+            alg.loss, logp, old, adv, m, **loss_settings(alg), **norms, **options
         )
         if ref_logp is not None:
             kl = kl_penalty(logp, ref_logp[rows, :width], alg.kl_estimator)
-            kl_loss = aggregate(
-                kl, m, alg.agg if alg.loss != "gspo" else "seq-mean-token-mean", **norms
-            )
+            # A loss with its own normalisation (gspo, hispo: no agg) averages the KL term
+            # per sequence, then over sequences.
+            kl_loss = aggregate(kl, m, alg.agg or "seq-mean-token-mean", **norms)
             loss = loss + alg.kl_coef * kl_loss
             metrics["kl_ref"] = float((kl.detach() * m).sum() / m.sum().clamp(min=1))
         loss.backward()
@@ -170,6 +161,12 @@ def _minibatch_step(
     out = pooled.result()
     out["loss"] = loss_sum
     return out, pooled.tokens
+
+
+def loss_settings(alg: Any) -> dict[str, Any]:
+    """agg / clip_low / clip_high that are set; the others take the loss's own defaults."""
+    values = {k: getattr(alg, k) for k in ("agg", "clip_low", "clip_high")}
+    return {k: v for k, v in values.items() if v is not None}
 
 
 class MetricPool:

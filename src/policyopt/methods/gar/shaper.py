@@ -16,10 +16,12 @@ rollouts, nor an anchor for a prompt without a correct rollout):
    states recorded while sampling rather than teacher-forced (equal up to rounding).
 3. b_i = best cosine over the main anchors, folded with the `aux_column` anchors by
    `aux_residual` if that option is set; then `gar_rewards` (centring, r_base, β).
-The batch's rewards are replaced: correct -> r_base + β max(0, b̂), wrong -> 0. A correct
-rollout whose problem has no solution gets r_base. Terms added to the rewards before this
-shaper (DAPO's overlong penalty) are replaced as well. Only the reasoning span (`span_regex`,
-see spans.py) enters v, capped to its last `max_span_tokens` tokens.
+The task reward M (the verifier's correctness term, `reward.task_function`) is replaced:
+correct -> r_base + β max(0, b̂), wrong -> 0. A correct rollout whose problem has no solution
+gets r_base. Every other term adds as configured (`policyopt.rewards.shaping`): the other
+weighted reward functions (a format penalty, a length bonus) and additive shapers (DAPO's
+overlong penalty). Only the reasoning span (`span_regex`, see spans.py) enters v, capped to
+its last `max_span_tokens` tokens.
 """
 
 from __future__ import annotations
@@ -123,10 +125,7 @@ class GARShaper(RewardShaper):
         )
         metrics["gar/bonus_mean"] = float(bonus.mean()) if len(bonus) else 0.0
         metrics["gar/fraction_rewarded"] = float((bonus > 0).float().mean()) if len(bonus) else 0.0
-        shaped = shaped.to(rewards.dtype).to(rewards.device)
-        if ctx.verifier_rewards is not None:  # keep what earlier shaping added (overlong)
-            shaped = shaped + (rewards - ctx.verifier_rewards.to(rewards))
-        return shaped, metrics
+        return shaped.to(rewards.dtype).to(rewards.device), metrics
 
     def _cosines(
         self, rows: torch.Tensor, ctx: ShapingContext
