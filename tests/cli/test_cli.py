@@ -235,13 +235,13 @@ def test_bench_interleaving_keeps_each_method_s_samples(monkeypatch) -> None:
         "temperature": 1.0,
     }
     sampled: dict[str, list[str]] = {}
-    shape = Trainer._shape
+    shape = Trainer._shape_round  # each sampling round is shaped (then filtered)
 
     def recording(self, scored):
         sampled.setdefault(self.config.algorithm.name, []).extend(scored.completions)
         return shape(self, scored)
 
-    monkeypatch.setattr(Trainer, "_shape", recording)
+    monkeypatch.setattr(Trainer, "_shape_round", recording)
     bench.time_policyopt(["grpo"], settings, 2, [])
     alone = sampled.pop("grpo")
     bench.time_policyopt(["dr_grpo", "grpo"], settings, 2, [])

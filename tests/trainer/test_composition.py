@@ -208,3 +208,36 @@ def test_overlong_filtering_masks_the_loss_of_truncated_responses(tmp_path):
     assert (batch.loss_mask[truncated] == 0).all()
     kept = ~truncated
     assert torch.equal(batch.loss_mask[kept], batch.rollouts.response_mask[kept])
+
+
+def test_task_function_names_the_term_shapers_transform(tmp_path):
+    """reward.task_function picks M among the functions (default: 'task', else the first);
+    correctness is judged on M alone, and a name that is not a function is a load error."""
+    from policyopt.trainer.rollout_phase import task_function
+
+    functions = (
+        "reward.functions=[{name: 'rewards_for_tests:char_count', weight: 0.01}, "
+        "{name: 'rewards_for_tests:digit_fraction'}]"
+    )
+    assert task_function(load_config(overrides=[functions])) == "rewards_for_tests:char_count"
+    both = load_config(overrides=["reward.functions=[{name: format}, {name: task}]"])
+    assert task_function(both) == "task"
+    with pytest.raises(ConfigError, match="reward.task_function: 'digits' is not one of"):
+        load_config(overrides=[functions, "reward.task_function=digits"])
+    trainer = Trainer(
+        small(
+            tmp_path,
+            "algorithm.name=gar",
+            functions,
+            "reward.task_function='rewards_for_tests:digit_fraction'",
+            "reward.correct_threshold=0.1",
+        )
+    )
+    s = scored_round(trainer, [0, 1, 2, 3])
+    batch, _ = trainer._shape(s)
+    trainer.close()
+    m = torch.tensor([digit_fraction(c) for c in batch.completions])
+    assert torch.equal(s.correct, m >= 0.1)
+    gar = batch.rewards - torch.tensor([0.01 * len(c) for c in batch.completions])
+    assert torch.allclose(gar[~s.correct], torch.zeros(int((~s.correct).sum())), atol=1e-6)
+    assert (gar[s.correct] >= 1.0 - 1e-6).all()
