@@ -214,3 +214,28 @@ def test_no_unsafe_torch_load_in_the_package() -> None:
             if "weights_only=True" not in call:
                 unsafe.append(f"{path.relative_to(SRC)}: {call}")
     assert not unsafe, unsafe
+
+
+def test_resume_to_a_folder_that_is_not_a_complete_checkpoint_is_an_error(
+    tmp_path, small_config
+) -> None:
+    run(small_config(tmp_path / "a", steps=1))
+    folder = ckpt.latest_checkpoint(tmp_path / "a")
+    (folder / "COMPLETE").unlink()
+    with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
+        quiet(small_config(tmp_path / "b", f"train.resume={folder}", steps=2))
+
+
+def test_tensorboard_forgets_steps_past_the_checkpoint(tmp_path, small_config) -> None:
+    """Steps logged after the last checkpoint by a killed run are not shown twice."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb = ["train.loggers=[jsonl, tensorboard]", "train.save_every=1", "train.keep_last=3"]
+    run(small_config(tmp_path, *tb, steps=3))
+    newest = ckpt.latest_checkpoint(tmp_path)
+    (newest / "COMPLETE").unlink()  # as if killed while saving step 3 (after logging it)
+    newest.rename(newest.with_name(".tmp-" + newest.name))
+    run(small_config(tmp_path, *tb, steps=3))
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("loss")] == [1, 2, 3]

@@ -15,7 +15,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 class MetricsLogger:
     """Writes one record per step to every configured sink."""
 
-    def __init__(self, output_dir: str | Path, loggers: list[str], config: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        output_dir: str | Path,
+        loggers: list[str],
+        config: dict[str, Any],
+        *,
+        resume_step: int = 0,
+    ) -> None:
+        """`resume_step`: the step the run continues from; TensorBoard hides what an earlier
+        (killed) run logged past it, as `truncate_after` does for the JSONL files."""
         self.dir = Path(output_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.jsonl = self.dir / "metrics.jsonl"
@@ -26,7 +35,7 @@ class MetricsLogger:
         if "tensorboard" in loggers:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(self.dir / "tensorboard"))
+            self._tb = SummaryWriter(str(self.dir / "tensorboard"), purge_step=resume_step + 1)
         if "wandb" in loggers:
             wandb = _optional("wandb")
             self._wandb = wandb.init(project="policyopt", dir=str(self.dir), config=config)

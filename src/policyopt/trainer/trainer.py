@@ -102,7 +102,12 @@ class Trainer:
         self.update_ctx = self._update_context()
         self.step = 0
         self.generated_tokens = 0  # over the whole run, for train.max_generated_tokens
-        self.logger = MetricsLogger(self.output_dir, cfg.train.loggers, cfg.model_dump(mode="json"))
+        self.logger = MetricsLogger(
+            self.output_dir,
+            cfg.train.loggers,
+            cfg.model_dump(mode="json"),
+            resume_step=ckpt.step_of(self.resume_from) if self.resume_from else 0,
+        )
         self._maybe_resume()
 
     # ----------------------------------------------------------------- setup helpers
