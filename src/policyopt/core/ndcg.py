@@ -12,6 +12,8 @@ query's labelled items, so a list that omits relevant items is penalised.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -44,8 +46,13 @@ def ndcg_at_k(labels: Tensor, rankings: Tensor, k: int) -> Tensor:
 
 
 def ndcg(labels: list[float], ranking: list[int], k: int) -> float:
-    """NDCG@k of one ranked list (indices into `labels`): `ndcg_at_k` for one query."""
-    if not labels:
+    """NDCG@k of one ranked list (indices into `labels`), in plain Python (a reward is one
+    list at a time; tested equal to `ndcg_at_k`)."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    ideal = sorted(labels, reverse=True)[:k]
+    idcg = sum((2.0 ** max(g, 0) - 1) / math.log2(r + 2) for r, g in enumerate(ideal))
+    if idcg <= 0:
         return 0.0
-    padded = torch.tensor([ranking if ranking else [-1]], dtype=torch.long)
-    return float(ndcg_at_k(torch.tensor([labels], dtype=torch.float64), padded, k)[0])
+    dcg = sum((2.0 ** max(labels[i], 0) - 1) / math.log2(r + 2) for r, i in enumerate(ranking[:k]))
+    return dcg / idcg

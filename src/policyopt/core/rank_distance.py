@@ -31,6 +31,8 @@ positions only), so d is in [0, 1] for full rankings.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -69,15 +71,22 @@ def check_permutations(rankings: Tensor) -> None:
         )
 
 
+@functools.lru_cache(maxsize=64)
+def _pairs(n: int) -> tuple[Tensor, Tensor]:
+    a, b = torch.triu_indices(n, n, offset=1)
+    return a, b
+
+
 def pair_embedding(rankings: Tensor, weights: Tensor) -> Tensor:
     """Φ(σ) [G, n(n−1)/2] of each ranking (module docstring), pairs a < b in triu order."""
     g, n = rankings.shape
     pos = torch.empty_like(rankings)
     pos.scatter_(1, rankings, torch.arange(n, device=rankings.device).expand(g, n))
-    a, b = torch.triu_indices(n, n, offset=1, device=rankings.device)
+    a, b = (x.to(rankings.device) for x in _pairs(n))
     pa, pb = pos[:, a], pos[:, b]
-    sign = torch.where(pa < pb, 1.0, -1.0).to(torch.float64)
-    return sign * weights.to(rankings.device)[torch.minimum(pa, pb)]
+    # w(better position), negated where b is above a.
+    signed = torch.cat([weights, -weights]).to(rankings.device)
+    return signed[torch.minimum(pa, pb) + n * (pa > pb)]
 
 
 def kendall_distances(
@@ -94,11 +103,23 @@ def kendall_distances(
     the module docstring; `k` cuts the weights at position k (distances between top-k lists).
     """
     check_permutations(rankings)
-    n = rankings.shape[1]
+    return grouped_kendall_distances(rankings[None], weighting, normalize, k=k)[0]
+
+
+def grouped_kendall_distances(
+    rankings: Tensor,
+    weighting: str = "top",
+    normalize: bool = True,
+    *,
+    k: int | None = None,
+) -> Tensor:
+    """`kendall_distances` of B groups at once: rankings [B, G, n] -> [B, G, G] (rows are
+    assumed to be permutations; `kendall_distances` checks them)."""
+    b, g, n = rankings.shape
     weights = position_weights(n, weighting, k)
     if n < 2:
-        return torch.zeros(rankings.shape[0], rankings.shape[0])
-    phi = pair_embedding(rankings, weights)
+        return torch.zeros(b, g, g)
+    phi = pair_embedding(rankings.reshape(b * g, n), weights).view(b, g, -1)
     dist = 0.5 * torch.cdist(phi, phi, p=1)
     if normalize:
         ends = torch.stack([torch.arange(n), torch.arange(n - 1, -1, -1)]).to(rankings.device)

@@ -227,8 +227,21 @@ def response_logprobs(
     with_hidden: bool = False,
 ) -> LogProbOutput:
     """Log-probs [B, R] of the last `response_len` tokens of each row, chunked over the vocab
-    head (see module docstring); works for a Hugging Face causal LM or a PEFT-wrapped one."""
+    head (see module docstring); works for a Hugging Face causal LM or a PEFT-wrapped one.
+
+    A policy of another kind (a Plackett–Luce ranker, `models.ranker`) computes its own
+    per-action log-probs: one that defines `response_logprobs` is called with these inputs."""
     _check_inputs(input_ids, attention_mask, response_len, temperature)
+    own = getattr(model, "response_logprobs", None)
+    if own is not None:
+        return own(
+            input_ids,
+            attention_mask,
+            response_len,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            with_hidden=with_hidden,
+        )
     _check_plain_head(model)
     batch = input_ids.shape[0]
     hidden = response_hidden(model, input_ids, attention_mask, response_len)  # [B, R, d]

@@ -18,6 +18,7 @@ from policyopt.models.loading import load_model
 from policyopt.models.tiny import cache_dir
 from policyopt.tasks.base import get_task
 from policyopt.trainer.config import Config
+from policyopt.trainer.policy import load_policy
 from policyopt.trainer.sft import run_sft
 from policyopt.trainer.trainer import Trainer, seed_everything
 
@@ -62,9 +63,7 @@ def warm_started_policy(config: Config, console: Console) -> tuple[Any, Any, dic
     cached (atomically) under the policyopt cache folder."""
     cfg = config
     if cfg.sft.steps == 0:
-        model, tok = load_model(
-            cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.model.device
-        )
+        model, tok = load_policy(cfg.model, get_task(cfg.task.name, **cfg.task.options))
         return model, tok, {}
     cached = cache_dir() / "sft" / sft_cache_key(cfg)
     if (cached / "sft_metrics.json").exists():

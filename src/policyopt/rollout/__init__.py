@@ -1,6 +1,6 @@
 """Rollout engines: batched sampling (`hf`), and the interface others plug into."""
 
-from policyopt.rollout import hf_engine, strategies  # noqa: F401  (registers "hf", "parallel")
+from policyopt.rollout import hf_engine, pl_engine, strategies  # noqa: F401  (registers "hf", "pl", "parallel")
 from policyopt.rollout.base import ENGINES, RolloutEngine, Rollouts, SamplingParams, concat_rollouts
 from policyopt.rollout.strategies import ROLLOUT_ANNOTATORS, ROLLOUT_STRATEGIES
 

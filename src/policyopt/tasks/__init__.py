@@ -2,13 +2,26 @@
 
 Importing this package registers every task in `TASKS`: `arithmetic` (embedded, synthetic),
 `hf_dataset` (JSONL/Parquet file, exact match or a reward function) and `math` (file,
-math-verify equivalence).
+math-verify equivalence); learning to rank: `ltr_synthetic` (embedded), `letor` and `mslr`.
 """
 
 from policyopt.tasks.arithmetic import ArithmeticTask
 from policyopt.tasks.base import TASKS, Task, get_task
 from policyopt.tasks.docparse import DocParseTask  # noqa: F401  (registers `docparse`)
 from policyopt.tasks.hf_dataset import HFDatasetTask
+from policyopt.tasks.ltr_synthetic import SyntheticLTRTask  # noqa: E402  (after ranking)
 from policyopt.tasks.math_task import MathTask
+from policyopt.tasks.ranking import LetorTask, MSLRTask, RankingTask
 
-__all__ = ["TASKS", "ArithmeticTask", "HFDatasetTask", "MathTask", "Task", "get_task"]
+__all__ = [
+    "TASKS",
+    "ArithmeticTask",
+    "HFDatasetTask",
+    "LetorTask",
+    "MSLRTask",
+    "MathTask",
+    "RankingTask",
+    "SyntheticLTRTask",
+    "Task",
+    "get_task",
+]

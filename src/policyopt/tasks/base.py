@@ -55,6 +55,11 @@ class Task(ABC):
         start mixes kinds; None for tasks that do not tell kinds apart."""
         return None
 
+    def eval_metrics(self, completions: list[str], rows: list[dict[str, Any]]) -> dict[str, float]:
+        """Task-specific held-out metrics of greedy completions (`eval/<name>`), beside
+        accuracy and mean reward; e.g. a ranking task's NDCG@1/5/10. None by default."""
+        return {}
+
     def expert_solutions(self, row: dict[str, Any]) -> list[str]:
         """Expert step-by-step solutions of a row (GAR anchors, SFT targets, DATPO forks)."""
         if self.solution_column is None or self.solution_column not in row:

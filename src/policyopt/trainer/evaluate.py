@@ -42,6 +42,7 @@ def evaluate(
     out["eval/reward"] = sum(scores) / len(scores)
     out.update(grouped_scores(task, picked, scores, correct_threshold))
     out.update(style_shares(task, picked, texts))
+    out.update(task.eval_metrics(texts, picked))
     if samples <= 0:
         return out
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)

@@ -20,7 +20,6 @@ from rich.console import Console
 
 from policyopt.core import ADVANTAGES, compute_advantages
 from policyopt.core.structure import check_declared_made, check_produced, gather
-from policyopt.models.loading import load_model
 from policyopt.models.lora import apply_lora, disabled_adapter
 from policyopt.rewards.functions import RewardPipeline, build_reward_pipeline
 from policyopt.rewards.shaping import SHAPERS, ShapingContext
@@ -34,6 +33,7 @@ from policyopt.trainer.evaluate import eval_rows, evaluate
 from policyopt.trainer.metrics_log import MetricsLogger, progress_bar, read_metrics
 from policyopt.trainer.optim import build_optimizer
 from policyopt.trainer.plot import plot_metrics
+from policyopt.trainer.policy import load_policy
 from policyopt.trainer.resume_check import check_resume_config
 from policyopt.trainer.rollout_phase import RolloutTimes, Scored, collect_batch, generate_and_score
 from policyopt.trainer.structure import check_config_structure, step_structure
@@ -70,9 +70,7 @@ class Trainer:
         self.train_rows = self.task.rows("train")
         self.eval_rows = eval_rows(self.task, cfg.eval.size)
         if model is None:
-            model, tokenizer = load_model(
-                cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.model.device
-            )
+            model, tokenizer = load_policy(cfg.model, self.task)
         if cfg.model.lora.enabled:
             lora = cfg.model.lora
             model = apply_lora(

@@ -14,9 +14,29 @@ from policyopt.core.plackett_luce import (
     sample_rankings,
 )
 from policyopt.core.rank_distance import complete_rankings, kendall_distances
+from policyopt.methods.presets import register_preset
 from policyopt.methods.srpo.advantage import srpo_advantages
+from policyopt.methods.srpo.distances import RankingDistances
+
+# SRPO (SPEC §6): structure-normalised advantages from the distances between a group's
+# rankings, the per-position clipped ratio (ε = 0.2, as GRPO) with a per-sequence mean over
+# positions. The paper's KL is per position too (set algorithm.kl_coef to use it).
+register_preset(
+    "srpo",
+    {
+        "algorithm": {
+            "advantage": "srpo",
+            "loss": "ppo_clip",
+            "agg": "seq-mean-token-mean",
+            "clip_low": 0.2,
+            "clip_high": 0.2,
+        },
+        "reward": {"shapers": [{"name": "ranking_distances"}]},
+    },
+)
 
 __all__ = [
+    "RankingDistances",
     "complete_rankings",
     "kendall_distances",
     "ndcg",

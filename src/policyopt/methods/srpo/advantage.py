@@ -7,6 +7,7 @@ For rollouts i, j of one group g of G, rewards R and distances D_ij between thei
 
 σ_g the group's reward std with Bessel's correction (as `grpo`'s). A constant group, or a
 group of one, carries no signal: A = 0 exactly. Only entries of D within a group are read.
+D is declared structure (`needs("distances")`), made by the `ranking_distances` shaper.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import torch
 from torch import Tensor
 
 from policyopt.core.advantages import ADVANTAGES, group_is_constant, group_mean_std
+from policyopt.core.structure import needs
 
 
 @ADVANTAGES.register("srpo")
+@needs("distances")
 def srpo_advantages(
     rewards: Tensor, group_ids: Tensor, *, distances: Tensor, eps: float = 1e-6
 ) -> Tensor:

@@ -1,0 +1,91 @@
+"""`pl`: the rollout engine of a Plackett–Luce ranking policy (`models.ranker.PLRanker`).
+
+Each prompt is a query's candidate item ids; a response is a ranking of its top
+`max_new_tokens` positions (k), sampled exactly by the Gumbel-top-k trick from the scores at
+the sampling temperature, or the k best-scored items when greedy. A query with fewer than k
+candidates is ranked in full (its response is shorter). Per position the engine records the
+sampling log-prob and entropy, computed by the policy's own `response_logprobs` (the same
+function the update uses, so the on-policy ratio is exactly 1). A ranking is never truncated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from policyopt.core.plackett_luce import sample_rankings
+from policyopt.models.item_tokenizer import PAD_ID
+from policyopt.rollout.base import ENGINES, FinishedFn, RolloutEngine, Rollouts, SamplingParams
+
+
+class PLEngine(RolloutEngine):
+    def __init__(self, model: Any, tokenizer: Any = None, *, batch_size: int = 256) -> None:
+        if not hasattr(model, "scores"):
+            raise ValueError(
+                f"rollout engine 'pl' samples rankings from a ranking policy (model "
+                f"'pl-mlp' or 'pl-linear'); got a {type(model).__name__}"
+            )
+        self.model = model
+        self.batch_size = batch_size
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        on_finished: FinishedFn | None = None,
+    ) -> Rollouts:
+        parts = [
+            self._generate(prompts[i : i + self.batch_size], params)
+            for i in range(0, len(prompts), self.batch_size)
+        ]
+        if len(parts) == 1:
+            return parts[0]
+        from policyopt.rollout.base import concat_rollouts
+
+        return concat_rollouts(parts, PAD_ID)
+
+    def _generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollouts:
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("a ranking prompt has no candidate items")
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), PAD_ID, dtype=torch.long)
+        mask = torch.zeros(len(prompts), width, dtype=torch.long)
+        for row, p in enumerate(prompts):  # left padding, as for language models
+            ids[row, width - len(p) :] = torch.tensor(p)
+            mask[row, width - len(p) :] = 1
+        was_training = self.model.training
+        self.model.eval()
+        scores = self.model.scores(ids, mask)
+        k = min(params.max_new_tokens, width)
+        if params.greedy:
+            local = scores.topk(k, dim=1).indices
+        else:
+            local = sample_rankings(scores / params.temperature, 1, k)[:, 0]
+        counts = mask.sum(1, keepdim=True)
+        response_mask = torch.arange(k)[None, :] < counts
+        response = ids.gather(1, local).masked_fill(~response_mask, PAD_ID)
+        out = self.model.response_logprobs(
+            torch.cat([ids, response], 1),
+            torch.cat([mask, response_mask.long()], 1),
+            k,
+            temperature=1.0 if params.greedy else params.temperature,
+            with_entropy=True,
+        )
+        self.model.train(was_training)
+        return Rollouts(
+            prompt_ids=ids,
+            prompt_mask=mask,
+            response_ids=response,
+            response_mask=response_mask.float(),
+            logp=out.logp.float(),
+            entropy=out.entropy.float(),
+            truncated=torch.zeros(len(prompts), dtype=torch.bool),
+            generated_tokens=int(response_mask.sum()),
+        )
+
+
+@ENGINES.register("pl")
+def pl_engine(model: Any, tokenizer: Any = None, *, batch_size: int = 256) -> PLEngine:
+    return PLEngine(model, tokenizer, batch_size=batch_size)
