@@ -15,7 +15,7 @@ from policyopt.rollout.base import Rollouts
 from policyopt.trainer.config import load_config
 from policyopt.trainer.trainer import Trainer
 
-TASK = "{train_queries: 40, eval_queries: 20, docs_per_query: 12, num_features: 10}"
+TASK = "{train_size: 40, eval_size: 20, docs_per_query: 12, num_features: 10}"
 
 
 def ranking_overrides(out, *extra):

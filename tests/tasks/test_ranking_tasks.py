@@ -65,8 +65,8 @@ def test_parse_ranking_forms():
 
 
 def test_synthetic_task_is_deterministic_with_oracle_below_one():
-    a = get_task("ltr_synthetic", train_queries=5, eval_queries=20, docs_per_query=10, seed=3)
-    b = get_task("ltr_synthetic", train_queries=5, eval_queries=20, docs_per_query=10, seed=3)
+    a = get_task("ltr_synthetic", train_size=5, eval_size=20, docs_per_query=10, seed=3)
+    b = get_task("ltr_synthetic", train_size=5, eval_size=20, docs_per_query=10, seed=3)
     assert np.array_equal(a.arrays("eval")[0], b.arrays("eval")[0])
     assert a.item_features.shape == (250, 24)
     oracle = a.oracle_ndcg("eval", 10)
@@ -75,7 +75,7 @@ def test_synthetic_task_is_deterministic_with_oracle_below_one():
     rng = np.random.default_rng(0)
     random_scores = [rng.normal(size=10) for _ in range(20)]
     assert a.ranking_ndcg("eval", random_scores, 10) < oracle
-    assert len(get_task("ltr_synthetic", train_queries=5, max_train_queries=2).rows("train")) == 2
+    assert len(get_task("ltr_synthetic", train_size=5, max_train_queries=2).rows("train")) == 2
 
 
 def test_mslr_missing_names_the_fetch_command(tmp_path):

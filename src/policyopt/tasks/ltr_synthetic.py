@@ -78,8 +78,8 @@ class SyntheticLTRTask(RankingTask):
 
     def __init__(
         self,
-        train_queries: int = 200,
-        eval_queries: int = 200,
+        train_size: int = 200,
+        eval_size: int = 200,
         docs_per_query: int = 40,
         num_features: int = 24,
         noise: float = 0.5,
@@ -89,13 +89,13 @@ class SyntheticLTRTask(RankingTask):
     ) -> None:
         if num_features < LATENT:
             raise ValueError(f"ltr_synthetic: num_features must be >= {LATENT}, got {num_features}")
-        if docs_per_query < 2 or train_queries < 1 or eval_queries < 1:
+        if docs_per_query < 2 or train_size < 1 or eval_size < 1:
             raise ValueError(
                 "ltr_synthetic: needs >= 2 documents per query and >= 1 query per split"
             )
         rng = np.random.default_rng(seed)
-        train, u_train = make_queries(train_queries, docs_per_query, num_features, noise, rng)
-        held_out, u_eval = make_queries(eval_queries, docs_per_query, num_features, noise, rng)
+        train, u_train = make_queries(train_size, docs_per_query, num_features, noise, rng)
+        held_out, u_eval = make_queries(eval_size, docs_per_query, num_features, noise, rng)
         self.utilities = {"train": u_train, "eval": u_eval}
         super().__init__({"train": train, "eval": held_out}, k, max_train_queries)
 
