@@ -73,6 +73,8 @@ def run_quickstart(args: argparse.Namespace) -> int:
     if args.print_config:
         print(dump_config(config))
         return 0
+    if config.task.name == "dmrl_skill":
+        return run_dmrl_quickstart(config, out)
     summary = run_pipeline(config, Console())
     gain = summary["final_accuracy"] - summary["initial_accuracy"]
     before, after = summary["initial_eval"]["eval/reward"], summary["final_eval"]["eval/reward"]
@@ -80,6 +82,21 @@ def run_quickstart(args: argparse.Namespace) -> int:
         f"held-out greedy accuracy {summary['initial_accuracy']:.3f} -> "
         f"{summary['final_accuracy']:.3f} ({gain:+.3f}), mean reward {before:.3f} -> "
         f"{after:.3f} ({after - before:+.3f}); summary: {out}/summary.json"
+    )
+    return 0
+
+
+def run_dmrl_quickstart(config, out: str) -> int:  # noqa: ANN001
+    """DMRL's pipeline (LRP, warm start, DRPO, long-term value of the deployed config)."""
+    from policyopt.recipes.dmrl_pipeline import run_dmrl_pipeline
+
+    s = run_dmrl_pipeline(config, Console())
+    print(
+        f"true 7-day value per user of the deployed configuration "
+        f"{s['initial_long_term_value']:.4f} -> {s['final_long_term_value']:.4f} "
+        f"({s['relative_gain'] * 100:+.2f}%); held-out 7-day effect Spearman: LRP "
+        f"{s['lrp_spearman']:.3f}, surrogate index {s['surrogate_spearman']:.3f}; "
+        f"summary: {out}/summary.json"
     )
     return 0
 

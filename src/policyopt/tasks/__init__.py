@@ -2,7 +2,7 @@
 
 Importing this package registers every task in `TASKS`: `arithmetic` (embedded, synthetic),
 `hf_dataset` (JSONL/Parquet file, exact match or a reward function) and `math` (file,
-math-verify equivalence); learning to rank: `ltr_synthetic` (embedded), `letor` and `mslr`.
+math-verify equivalence); learning to rank: `ltr_synthetic` (embedded), `letor` and `mslr`; DMRL's skill-document editing: `dmrl_skill`.
 """
 
 from policyopt.tasks.arithmetic import ArithmeticTask
@@ -12,6 +12,7 @@ from policyopt.tasks.hf_dataset import HFDatasetTask
 from policyopt.tasks.ltr_synthetic import SyntheticLTRTask  # noqa: E402  (after ranking)
 from policyopt.tasks.math_task import MathTask
 from policyopt.tasks.ranking import LetorTask, MSLRTask, RankingTask
+from policyopt.tasks.skilldoc import task as _skilldoc  # noqa: F401  (registers `dmrl_skill`)
 
 __all__ = [
     "TASKS",

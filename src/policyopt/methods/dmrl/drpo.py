@@ -29,14 +29,13 @@ import torch
 from torch import Tensor
 
 from policyopt.core.advantages import ADVANTAGES, group_index, group_mean_std, group_sum
+from policyopt.core.structure import needs
 
 MAD_TO_STD = 1.4826  # 1 / Φ⁻¹(3/4): MAD of normal data times this is its std
 MEAN_AD_TO_STD = 1.2533  # sqrt(π/2): mean absolute deviation of normal data times this
 ALPHA = 0.5  # unpublished; the brief's default
 LAMBDA_EDIT = 0.1  # unpublished; documented default (docs/methods/dmrl.md)
 DELTA = 1e-6
-
-NEEDS = ("control_rewards", "edit_costs")
 
 
 def group_median(values: Tensor, index: Tensor, num_groups: int) -> Tensor:
@@ -79,6 +78,7 @@ def _as_vector(name: str, value: Tensor | None, like: Tensor) -> Tensor:
 
 
 @ADVANTAGES.register("drpo")
+@needs("control_rewards", "edit_costs")
 def drpo_advantages(
     rewards: Tensor,
     group_ids: Tensor,
@@ -102,6 +102,3 @@ def drpo_advantages(
         group_term = torch.where(std > 0, (rewards - mean) / (std + delta), 0.0)
     control_term = (rewards - r0) / (r0.abs() + delta)
     return alpha * group_term + (1 - alpha) * control_term - lambda_edit * cost
-
-
-drpo_advantages.needs = NEEDS  # type: ignore[attr-defined]  (declared structure)

@@ -1,0 +1,93 @@
+"""The live skill-document environment DMRL's editor acts in.
+
+State: the deployed document (the best so far), the configuration the frozen lower agent
+derives from it (the A/B tests' control), the day, and the recent A/B outcomes the editor
+sees in its prompt. One training step is one day: the G candidate edits of each prompt are
+A/B-tested against the deployed configuration (day-1 signals only), the reward function
+scores them, and `deploy` makes the candidate with the best predicted long-term lift the new
+control if that lift is positive. The deployed experiment's true 7-day label is computed
+(it matures `HORIZON` days later, when it may enter the LRP's memory bank).
+
+Environments are kept in `LIVE_ENVIRONMENTS` under a key that the task's rows carry (column
+`env_key`), so that a reward function, which receives columns only, finds the one its
+prompts came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from policyopt.tasks.adsim.abtest import AdPlatform, Experiment
+from policyopt.tasks.adsim.params import AdParams
+from policyopt.tasks.skilldoc.document import Edit, SkillDocument
+from policyopt.tasks.skilldoc.rule_agent import LowerAgent, RuleAgent
+from policyopt.tasks.skilldoc.scripted import START_DOCUMENT
+
+LIVE_ENVIRONMENTS: dict[str, SkillEnv] = {}
+ONLINE_ID_BASE = 1_000_000  # experiment ids of online A/B tests (offline history below)
+
+
+@dataclass
+class Outcome:
+    edit: str
+    lift: float  # predicted long-term lift, relative (0.01 = +1%)
+
+
+@dataclass
+class SkillEnv:
+    platform: AdPlatform
+    document: SkillDocument = START_DOCUMENT
+    agent: LowerAgent = field(default_factory=RuleAgent)
+    day: int = 0  # the online day; experiments start on `first_day + day`
+    first_day: int = 0  # the day after the offline history ends
+    recent: list[Outcome] = field(default_factory=list)
+    recent_k: int = 1
+    experiments: list[Experiment] = field(default_factory=list)  # deployed, with labels
+    deployed_days: list[int] = field(default_factory=list)
+    # What the reward function needs to score edits (set by the task from its options).
+    lrp_path: str | None = None
+    risk_weights: dict[str, dict[str, float]] = field(default_factory=dict)
+    eta: float = 0.5
+
+    @property
+    def control(self) -> AdParams:
+        return self.agent(self.document)
+
+    @property
+    def start_day(self) -> int:
+        return self.first_day + self.day
+
+    def prompt(self) -> str:
+        return render_prompt(self.document, self.recent)
+
+    def ab_test(self, candidate: SkillDocument, index: int, truth: bool = False) -> Experiment:
+        """A/B test of `candidate`'s configuration against the deployed one, today."""
+        return self.platform.ab_test(
+            ONLINE_ID_BASE + 1000 * self.day + index,
+            self.start_day,
+            self.control,
+            self.agent(candidate),
+            truth=truth,
+        )
+
+    def deploy(self, edit: Edit | None, lift: float, index: int) -> bool:
+        """End the day: deploy `edit` if its predicted lift is positive; True if deployed."""
+        deployed = edit is not None and lift > 0
+        if deployed:
+            assert edit is not None
+            new = self.document.apply(edit)
+            # the accepted experiment, re-run with its true label for the memory bank
+            self.experiments.append(self.ab_test(new, index, truth=True))
+            self.document = new
+            self.deployed_days.append(self.day)
+        if edit is not None:
+            self.recent = [*self.recent, Outcome(edit.text(), lift)][-self.recent_k :]
+        self.day += 1
+        return deployed
+
+
+def render_prompt(doc: SkillDocument, recent: list[Outcome]) -> str:
+    lines = [doc.render(), "recent:"]
+    lines += [f"{o.lift * 100:+.1f}% {o.edit}" for o in recent] or ["none"]
+    lines.append("edit:")
+    return "\n".join(lines) + "\n"

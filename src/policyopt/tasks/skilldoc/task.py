@@ -1,0 +1,128 @@
+"""The `dmrl_skill` task: propose one edit of the skill document steering an ad system.
+
+Two kinds of rows:
+- `mode="live"` (training): rows point at a live `SkillEnv` (column `env_key`); the prompt
+  is the environment's current document and recent A/B outcomes, so it changes as edits
+  are deployed. The reward is the `dmrl_lrp` reward function (policyopt.methods.dmrl).
+- `mode="demonstrations"` (warm start): random documents with scripted edits as the SFT
+  targets (column `solution`), each prompt fixed in its row.
+
+`verify` (evaluation) is the TRUE relative 7-day lift of an edit's configuration over the
+deployed one on the platform's held-out evaluation users (the simulator's expectation, no
+LRP), 0 for a malformed edit: what the LRP's reward stands in for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import datasets
+import numpy as np
+
+from policyopt.tasks.adsim.abtest import AdPlatform
+from policyopt.tasks.base import TASKS, Task
+from policyopt.tasks.skilldoc.document import SkillDocument, parse_edit
+from policyopt.tasks.skilldoc.env import LIVE_ENVIRONMENTS, Outcome, SkillEnv, render_prompt
+from policyopt.tasks.skilldoc.scripted import random_document, scripted_edit
+
+
+class SkillDocTask(Task):
+    name = "dmrl_skill"
+    answer_column = "env_key"
+
+    def __init__(
+        self,
+        mode: str = "live",
+        seed: int = 0,
+        users_per_arm: int = 300,
+        rows: int = 64,
+        first_day: int = 100,
+        lrp_path: str | None = None,
+        risk_weights: dict[str, dict[str, float]] | None = None,
+        eta: float = 0.5,
+        eval_users: int = 1000,
+        history: int = 400,
+        lrp: dict[str, Any] | None = None,
+    ) -> None:
+        """history, lrp: the offline experiments the LRP is trained on before RL, and the
+        LRP's training settings (`LRPTrainConfig` fields); used by the dmrl pipeline."""
+        if mode not in ("live", "demonstrations"):
+            raise ValueError(f"dmrl_skill: mode must be 'live' or 'demonstrations', got {mode!r}")
+        self.mode, self.seed, self.n_rows = mode, seed, rows
+        self.history, self.lrp_options = history, dict(lrp or {})
+        self.lrp_path, self.risk_weights, self.eta = lrp_path, risk_weights or {}, eta
+        self.platform = AdPlatform(seed, users_per_arm=users_per_arm)
+        # lrp_path, risk_weights and eta are read by the dmrl_lrp reward function
+        self.env = SkillEnv(
+            self.platform,
+            first_day=first_day,
+            lrp_path=lrp_path,
+            risk_weights=self.risk_weights,
+            eta=eta,
+        )
+        self.env_key = f"dmrl-{id(self)}"
+        LIVE_ENVIRONMENTS[self.env_key] = self.env
+        self.eval_users = self.platform.eval_users(eval_users)
+        self._values: dict[Any, float] = {}
+
+    def rows(self, split: str) -> datasets.Dataset:
+        n = self.n_rows if split == "train" else max(self.n_rows // 4, 1)
+        if self.mode == "live":
+            return datasets.Dataset.from_dict(
+                {"prompt": ["live"] * n, "env_key": [self.env_key] * n, "doc": [""] * n}
+            )
+        rng = np.random.default_rng([self.seed, 5, 0 if split == "train" else 1])
+        prompts, docs, solutions = [], [], []
+        for _ in range(n):
+            doc = random_document(rng)
+            recent = [
+                Outcome(scripted_edit(doc, rng).text(), float(rng.normal(0, 0.01)))
+                for _ in range(int(rng.integers(0, 2)))
+            ]
+            prompts.append(render_prompt(doc, recent))
+            docs.append(doc.render())
+            solutions.append(scripted_edit(doc, rng).text())
+        return datasets.Dataset.from_dict(
+            {"prompt": prompts, "env_key": [self.env_key] * n, "doc": docs, "solution": solutions}
+        )
+
+    def format_prompt(self, row: dict[str, Any]) -> str:
+        return self.env.prompt() if row["prompt"] == "live" else str(row["prompt"])
+
+    def document_of(self, row: dict[str, Any]) -> SkillDocument:
+        return self.env.document if not row.get("doc") else parse_document(row["doc"])
+
+    def value(self, doc: SkillDocument) -> float:
+        """True 7-day value per user of the configuration `doc` leads to (eval users)."""
+        params = self.env.agent(doc)
+        key = tuple(params.as_dict().values())
+        if key not in self._values:
+            self._values[key] = self.platform.value(params, self.eval_users)
+        return self._values[key]
+
+    def verify(self, completion: str, row: dict[str, Any]) -> float | None:
+        doc = self.document_of(row)
+        edit = parse_edit(completion, doc)
+        if edit is None:
+            return None
+        return self.value(doc.apply(edit)) / self.value(doc) - 1.0
+
+
+def parse_document(text: str) -> SkillDocument:
+    """The inverse of `SkillDocument.render`."""
+    sections: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith("[") and line.endswith("]"):
+            current = line[1:-1]
+            sections[current] = []
+        elif current is not None and ". " in line:
+            sections[current].append(line.split(". ", 1)[1])
+        else:
+            raise ValueError(f"skill document: cannot read line {line!r}")
+    return SkillDocument.from_dict(sections)
+
+
+@TASKS.register("dmrl_skill")
+def dmrl_skill(**options: Any) -> SkillDocTask:
+    return SkillDocTask(**options)
