@@ -9,7 +9,9 @@ from policyopt.tasks.skilldoc.scripted import START_DOCUMENT
 
 
 def test_parse_clips_and_defaults():
-    p, missing = parse_parameters("ad_load=0.5, frequency_cap: 20 quality_weight=abc pacing_rate=0.7")
+    p, missing = parse_parameters(
+        "ad_load=0.5, frequency_cap: 20 quality_weight=abc pacing_rate=0.7"
+    )
     assert p.ad_load == RANGES["ad_load"][1]
     assert p.frequency_cap == RANGES["frequency_cap"][1]
     assert p.pacing_rate == pytest.approx(0.7)

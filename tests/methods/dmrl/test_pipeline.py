@@ -37,7 +37,12 @@ def test_quickstart_dmrl_tiny(tmp_path, monkeypatch):
     )
     summary = run_dmrl_pipeline(config)
     saved = json.loads((out / "summary.json").read_text())
-    for key in ("initial_long_term_value", "final_long_term_value", "lrp_spearman", "surrogate_spearman"):
+    for key in (
+        "initial_long_term_value",
+        "final_long_term_value",
+        "lrp_spearman",
+        "surrogate_spearman",
+    ):
         assert saved[key] == pytest.approx(summary[key])
     platform = AdPlatform(0, users_per_arm=50)
     start = platform.value(RuleAgent()(START_DOCUMENT), platform.eval_users(100))

@@ -20,7 +20,9 @@ from policyopt.tasks.skilldoc.document import parse_edit
 @pytest.fixture(scope="module")
 def lrp_dir(tmp_path_factory):
     history = make_history(AdPlatform(seed=0, users_per_arm=60), 16, per_day=2)
-    model, _ = train_lrp(history, LRPTrainConfig(hidden=8, warmup_epochs=5, disc_epochs=2, joint_epochs=2))
+    model, _ = train_lrp(
+        history, LRPTrainConfig(hidden=8, warmup_epochs=5, disc_epochs=2, joint_epochs=2)
+    )
     path = tmp_path_factory.mktemp("lrp")
     save_lrp(path, model, build_bank(history, float(model.y_mean), float(model.y_std)))
     return path
@@ -34,7 +36,9 @@ def test_lrp_round_trips(lrp_dir):
 
 
 def live_task(lrp_dir):
-    return get_task("dmrl_skill", users_per_arm=60, first_day=8, lrp_path=str(lrp_dir), eval_users=200)
+    return get_task(
+        "dmrl_skill", users_per_arm=60, first_day=8, lrp_path=str(lrp_dir), eval_users=200
+    )
 
 
 COMPLETIONS = [

@@ -35,7 +35,8 @@ class SkillDocTask(Task):
         mode: str = "live",
         seed: int = 0,
         users_per_arm: int = 300,
-        rows: int = 64,
+        train_size: int = 64,
+        eval_size: int = 16,
         first_day: int = 100,
         lrp_path: str | None = None,
         risk_weights: dict[str, dict[str, float]] | None = None,
@@ -48,7 +49,8 @@ class SkillDocTask(Task):
         LRP's training settings (`LRPTrainConfig` fields); used by the dmrl pipeline."""
         if mode not in ("live", "demonstrations"):
             raise ValueError(f"dmrl_skill: mode must be 'live' or 'demonstrations', got {mode!r}")
-        self.mode, self.seed, self.n_rows = mode, seed, rows
+        self.mode, self.seed = mode, seed
+        self.sizes = {"train": train_size, "eval": eval_size}
         self.history, self.lrp_options = history, dict(lrp or {})
         self.lrp_path, self.risk_weights, self.eta = lrp_path, risk_weights or {}, eta
         self.platform = AdPlatform(seed, users_per_arm=users_per_arm)
@@ -66,7 +68,7 @@ class SkillDocTask(Task):
         self._values: dict[Any, float] = {}
 
     def rows(self, split: str) -> datasets.Dataset:
-        n = self.n_rows if split == "train" else max(self.n_rows // 4, 1)
+        n = self.sizes["train" if split == "train" else "eval"]
         if self.mode == "live":
             return datasets.Dataset.from_dict(
                 {"prompt": ["live"] * n, "env_key": [self.env_key] * n, "doc": [""] * n}
