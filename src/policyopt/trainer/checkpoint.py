@@ -138,7 +138,12 @@ def commit_checkpoint(
     output_dir: str | Path, step: int, write: Callable[[Path], None], *, keep_last: int
 ) -> Path:
     """`write(folder)` fills a temporary folder; it becomes `step-XXXXXXXX` complete or not at all."""
-    write(begin_checkpoint(output_dir, step))
+    tmp = begin_checkpoint(output_dir, step)
+    try:
+        write(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # e.g. a full disk: give the space back now
+        raise
     return finish_checkpoint(output_dir, step, keep_last=keep_last)
 
 
