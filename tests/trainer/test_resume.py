@@ -82,3 +82,17 @@ def test_generated_token_budget_stops_the_run_and_survives_resume(tmp_path, smal
     # Step 2 crosses the budget: the run ends there, not at step 6.
     assert resumed.step == 2 and resumed.generated_tokens == sum(per_step) >= budget
     assert (tmp_path / "b" / "curves.png").exists()  # a finished run, though short of 6 steps
+
+
+def test_nonfinite_updates_in_a_row_survive_resume(tmp_path, small_config) -> None:
+    """optim.max_nonfinite_updates counts across a restart: a run killed between two skipped
+    updates stops where the uninterrupted run would."""
+    trainer = Trainer(small_config(tmp_path, steps=1))
+    trainer.train()
+    trainer.update_ctx.nonfinite_in_a_row = 2  # the last two updates were skipped
+    trainer.update_ctx.nonfinite_total = 3
+    trainer.save()
+    resumed = Trainer(small_config(tmp_path, steps=2))
+    assert resumed.step == 1
+    assert resumed.update_ctx.nonfinite_in_a_row == 2
+    assert resumed.update_ctx.nonfinite_total == 3

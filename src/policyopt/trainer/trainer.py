@@ -175,6 +175,9 @@ class Trainer:
         ckpt.set_rng_state(state["rng"])
         self.step = state["step"]
         self.generated_tokens = state.get("generated_tokens", 0)
+        nonfinite = state.get("nonfinite", {})
+        self.update_ctx.nonfinite_in_a_row = nonfinite.get("in_a_row", 0)
+        self.update_ctx.nonfinite_total = nonfinite.get("total", 0)
         self._forget_logs_after(self.step)
         self.console.print(f"resumed from {path} at step {self.step}")
 
@@ -207,6 +210,10 @@ class Trainer:
             "sampler": self.sampler.state_dict(),
             "shapers": [s.state_dict() for s in self.shapers],
             "rng": ckpt.rng_state(),
+            "nonfinite": {
+                "in_a_row": self.update_ctx.nonfinite_in_a_row,
+                "total": self.update_ctx.nonfinite_total,
+            },
         }
         return ckpt.save_checkpoint(
             self.output_dir,
