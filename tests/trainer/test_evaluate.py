@@ -95,3 +95,12 @@ def test_grouped_scores_take_the_threshold() -> None:
         grouped_scores(task, rows, [0.99, 0.5], correct_threshold=0.4)["eval/level_1/accuracy"]
         == 1.0
     )
+
+
+def test_docpo_threshold_is_set_in_one_place() -> None:
+    """The docpo preset alone sets DocPO's 0.99; the recipe does not repeat it."""
+    from policyopt.methods.presets import PRESETS
+    from policyopt.recipes import recipe_dict
+
+    assert "correct_threshold" not in recipe_dict("docpo").get("reward", {})
+    assert PRESETS.get("docpo")["reward"]["correct_threshold"] == 0.99
