@@ -52,3 +52,16 @@ def always_one(prompts, completions, **columns):
 def char_count(prompts, completions, **columns):
     """A length bonus: the completion's number of characters."""
     return [float(len(text)) for text in completions]
+
+
+def dies_or_hangs(prompts, completions, **columns):
+    """Length of the completion; the worker process exits on a completion containing "die"
+    and sleeps for ten minutes on one containing "hang" (Ray pool failure tests)."""
+    import os
+    import time
+
+    if any("die" in c for c in completions):
+        os._exit(3)
+    if any("hang" in c for c in completions):
+        time.sleep(600)
+    return [float(len(c)) for c in completions]

@@ -216,6 +216,13 @@ class RewardPipeline:
                 )
         return RewardResult(total=total, raw=raw, unparseable=unparseable, structure=structure)
 
+    def close(self) -> None:
+        """Release what functions hold (a Ray pool's workers)."""
+        for _, fn, _ in self.functions:
+            close = getattr(fn, "close", None)
+            if callable(close):
+                close()
+
     @property
     def can_prefetch(self) -> bool:
         """Whether any function can start on completions early (`prefetch`)."""
@@ -312,16 +319,25 @@ def _as_reward(name: str, index: int, value: Any) -> float | None:
 
 
 def build_reward_pipeline(
-    specs: list[tuple[str, float]], task: Task | None = None
+    specs: list[tuple[str, float]],
+    task: Task | None = None,
+    remote: dict[str, dict[str, Any]] | None = None,
 ) -> RewardPipeline:
     """A pipeline from (name, weight) pairs: the name `task` is `task`'s verifier; any other
-    name goes through `load_reward_function` (registered name or `module.path:function`)."""
+    name goes through `load_reward_function` (registered name or `module.path:function`).
+    Functions named in `remote` run in a pool of Ray workers (`rewards.remote.RayRewardPool`)
+    with those options."""
     functions = []
     for name, weight in specs:
         if name == "task":
             if task is None:
                 raise ValueError("reward 'task' needs a task to verify with")
-            functions.append((name, task_reward_function(task), weight))
+            fn = task_reward_function(task)
         else:
-            functions.append((name, load_reward_function(name), weight))
+            fn = load_reward_function(name)
+        if remote and name in remote:
+            from policyopt.rewards.remote import RayRewardPool
+
+            fn = RayRewardPool(name, fn, **remote[name])
+        functions.append((name, fn, weight))
     return RewardPipeline(functions)

@@ -75,6 +75,21 @@ class RewardFunctionConfig(Section):
     # A registered name, "module.path:function", or "task" for the task's verifier.
     name: str = "task"
     weight: float = 1.0
+    # Score in a pool of Ray workers (reward.workers): for slow or unsafe functions (code
+    # execution, judges). Needs the `ray` extra.
+    remote: bool = False
+
+
+class RewardWorkersConfig(Section):
+    """The Ray worker pool of each `remote` reward function (policyopt.rewards.remote)."""
+
+    num_workers: int = Field(2, ge=1)
+    # A chunk not scored this long after it was handed out scores 0 and its worker is
+    # replaced (so does a chunk whose worker dies).
+    timeout_s: float = Field(60.0, gt=0)
+    # Samples per task sent to a worker: a failure zeroes at most this many.
+    chunk_size: int = Field(8, ge=1)
+    cpus_per_worker: float = Field(1.0, gt=0)
 
 
 class ShaperConfig(Section):
@@ -84,6 +99,7 @@ class ShaperConfig(Section):
 
 class RewardConfig(Section):
     functions: list[RewardFunctionConfig] = [RewardFunctionConfig()]
+    workers: RewardWorkersConfig = RewardWorkersConfig()
     # The function whose value is the task reward M: what correct_threshold judges, what
     # shapers transform (GAR replaces it, DocPO anneals it) and what group filters look at;
     # the other functions add their weighted values as configured (policyopt.rewards.shaping).

@@ -88,7 +88,11 @@ class Trainer:
             model, tokenizer, batch_size=cfg.rollout.batch_size
         )
         self.reward_fn: RewardPipeline = build_reward_pipeline(
-            [(f.name, f.weight) for f in cfg.reward.functions], self.task
+            [(f.name, f.weight) for f in cfg.reward.functions],
+            self.task,
+            remote={
+                f.name: cfg.reward.workers.model_dump() for f in cfg.reward.functions if f.remote
+            },
         )
         self.shapers = [SHAPERS.get(s.name)(**s.options) for s in cfg.reward.shapers]
         params = [p for p in model.parameters() if p.requires_grad]
@@ -433,6 +437,7 @@ class Trainer:
 
     def close(self) -> None:
         self.logger.close()
+        self.reward_fn.close()
 
 
 def _write_atomically(path: Path, text: str) -> None:
