@@ -27,8 +27,10 @@ def test_pool_gives_the_in_process_values_of_the_task_verifier() -> None:
     rows = [task.rows("train")[i] for i in range(12)]
     answers = [str(r["answer"]) for r in rows]
     # Right, wrong and unparseable completions.
-    completions = [f"... A:{a}" if i % 3 == 0 else ("A:9999" if i % 3 == 1 else "no answer")
-                   for i, a in enumerate(answers)]
+    completions = [
+        f"... A:{a}" if i % 3 == 0 else ("A:9999" if i % 3 == 1 else "no answer")
+        for i, a in enumerate(answers)
+    ]
     prompts = [task.format_prompt(r) for r in rows]
     columns = {c: [r[c] for r in rows] for c in rows[0]}
     fn = task_reward_function(task)
@@ -78,7 +80,7 @@ def test_training_with_a_remote_reward_runs_and_logs_its_rewards(tmp_path, small
     )
     trainer = Trainer(config)
     try:
-        (_, pool, _), = trainer.reward_fn.functions
+        ((_, pool, _),) = trainer.reward_fn.functions
         assert isinstance(pool, RayRewardPool)
         trainer.train()
     finally:

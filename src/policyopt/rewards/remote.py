@@ -180,7 +180,9 @@ class RayRewardPool:
     def _dispatch(self) -> None:
         while self._idle and self._pending:
             worker = self._idle.pop()
-            batch = [self._pending.popleft() for _ in range(min(self.chunk_size, len(self._pending)))]
+            batch = [
+                self._pending.popleft() for _ in range(min(self.chunk_size, len(self._pending)))
+            ]
             keys = [b[0] for b in batch]
             columns = {c: [b[3][c] for b in batch] for c in batch[0][3]}
             ref = self._workers[worker].score.remote(

@@ -1,6 +1,11 @@
-"""Rollout engines: batched sampling (`hf`), and the interface others plug into."""
+"""Rollout engines: batched sampling (`hf`), vLLM (`vllm`), and the interface they implement."""
 
-from policyopt.rollout import hf_engine, pl_engine, strategies  # noqa: F401  (registers "hf", "pl", "parallel")
+from policyopt.rollout import (  # noqa: F401  (registers "hf", "pl", "vllm", "parallel")
+    hf_engine,
+    pl_engine,
+    strategies,
+    vllm_engine,
+)
 from policyopt.rollout.base import ENGINES, RolloutEngine, Rollouts, SamplingParams, concat_rollouts
 from policyopt.rollout.strategies import ROLLOUT_ANNOTATORS, ROLLOUT_STRATEGIES
 

@@ -59,6 +59,9 @@ class Rollouts:
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     # The names in `extras` that are pairwise [N, N] (R may equal N, so shape cannot tell).
     pairwise: frozenset[str] = frozenset()
+    # False when the engine could not compute `entropy` (vLLM returns no full distribution:
+    # rollout/vllm_engine.py); `entropy` then holds zeros, and what reads it must refuse.
+    has_entropy: bool = True
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -165,11 +168,30 @@ def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
         hidden=hidden,
         extras=extras,
         pairwise=pairwise,
+        has_entropy=all(r.has_entropy for r in parts),
     )
+
+
+class MissingEntropyError(ValueError):
+    """Rollout-time entropies were asked for but the engine did not compute them."""
+
+
+def require_entropy(rollouts: Rollouts, who: str) -> None:
+    """Raise `MissingEntropyError` naming `who` if `rollouts` have no entropies."""
+    if not rollouts.has_entropy:
+        raise MissingEntropyError(
+            f"{who} needs the rollout-time token entropies, which this rollout engine did not "
+            "compute: with rollout.engine=vllm set rollout.engine_options.entropies=trainer "
+            "(one no-grad forward of the trainer's model per batch), or use rollout.engine=hf"
+        )
 
 
 class RolloutEngine(ABC):
     """Samples responses for tokenised prompts."""
+
+    # Whether the sampling log-probs are the trainer's own (same model, same kernels): if
+    # not, algorithm.tis_cap="auto" corrects the difference by truncated importance sampling.
+    exact_logprobs: bool = True
 
     @abstractmethod
     def generate(

@@ -56,7 +56,11 @@ class AnnotatorConfig(Section):
 
 
 class RolloutConfig(Section):
+    # "hf" (the trainer's own model) or "vllm" (extra `vllm`; docs/guides/vllm.md).
     engine: str = "hf"
+    # Keyword options of the engine, e.g. for vllm: gpu_memory_utilization, dtype,
+    # enforce_eager, kv_cache_memory_bytes, entropies.
+    engine_options: dict[str, Any] = {}
     # "parallel" (G samples per prompt) or a registered strategy such as DATPO's tree.
     strategy: str = "parallel"
     strategy_options: dict[str, Any] = {}
@@ -139,6 +143,11 @@ class AlgorithmConfig(Section):
     # mu: passes over each rollout batch; minibatches: optimizer steps per pass.
     ppo_epochs: int = Field(1, ge=1)
     minibatches: int = Field(1, ge=1)
+    # Truncated importance sampling (core/tis.py): weight each token's loss by
+    # min(pi_old / pi_sampler, C) to correct the rollout engine's log-probs differing from
+    # the trainer's. "auto": C = 2 (Yao et al. 2025) with an engine whose log-probs are not
+    # the trainer's own (vllm), off with hf (they are); a number: that C; null: off.
+    tis_cap: float | Literal["auto"] | None = "auto"
     # DAPO dynamic sampling: drop groups with all-equal rewards and sample more prompts.
     dynamic_sampling: bool = False
     max_sampling_rounds: int = Field(3, ge=1)

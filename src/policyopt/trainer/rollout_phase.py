@@ -325,7 +325,13 @@ def collect_batch(
 def _sample_stats(s: Scored) -> dict[str, float]:
     """Reward and accuracy over everything sampled this step (before filtering)."""
     lengths = s.rollouts.lengths.float()
-    return {
+    entropy = {}
+    if s.rollouts.has_entropy:  # the vllm engine may not compute them
+        entropy["entropy"] = float(
+            (s.rollouts.entropy * s.rollouts.response_mask).sum()
+            / s.rollouts.response_mask.sum().clamp(min=1)
+        )
+    return entropy | {
         "leaves": float(len(s.rewards)),  # rollouts sampled (a tree's leaf count varies)
         # The weighted reward functions' total, before shaping (comparable across methods).
         "reward/mean": float(s.raw_rewards.mean()),
@@ -334,10 +340,6 @@ def _sample_stats(s: Scored) -> dict[str, float]:
         "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()),
         "truncated_fraction": float(s.rollouts.truncated.float().mean()),
-        "entropy": float(
-            (s.rollouts.entropy * s.rollouts.response_mask).sum()
-            / s.rollouts.response_mask.sum().clamp(min=1)
-        ),
         "unparseable": float(s.unparseable),
         **{f"reward/{k}": sum(v) / max(len(v), 1) for k, v in s.per_function.items()},
     }

@@ -20,6 +20,7 @@ from rich.console import Console
 
 from policyopt.core import ADVANTAGES, compute_advantages
 from policyopt.core.structure import check_declared_made, check_produced, gather
+from policyopt.core.tis import DEFAULT_TIS_CAP
 from policyopt.models.lora import apply_lora, disabled_adapter
 from policyopt.rewards.functions import RewardPipeline, build_reward_pipeline
 from policyopt.rewards.shaping import SHAPERS, ShapingContext
@@ -85,7 +86,7 @@ class Trainer:
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         )
         self.engine = ENGINES.get(cfg.rollout.engine)(
-            model, tokenizer, batch_size=cfg.rollout.batch_size
+            model, tokenizer, batch_size=cfg.rollout.batch_size, **cfg.rollout.engine_options
         )
         self.reward_fn: RewardPipeline = build_reward_pipeline(
             [(f.name, f.weight) for f in cfg.reward.functions],
@@ -123,7 +124,13 @@ class Trainer:
             else:
                 ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         return UpdateContext(
-            self.model, self.optimizer, self.scheduler, cfg, ref_model, ref_context
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            cfg,
+            ref_model,
+            ref_context,
+            tis_cap=resolve_tis_cap(cfg.algorithm.tis_cap, self.engine.exact_logprobs),
         )
 
     def _resume_point(self) -> Path | None:
@@ -170,6 +177,7 @@ class Trainer:
             return
         state = ckpt.load_state(path)  # refused before anything is touched if unsafe
         ckpt.load_weights(self.model, path)
+        self.engine.sync_weights()  # an engine with its own copy samples from the checkpoint
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self._apply_optim_config()
@@ -444,6 +452,14 @@ def _write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def resolve_tis_cap(setting: float | str | None, exact_logprobs: bool) -> float | None:
+    """algorithm.tis_cap with "auto" resolved: C = 2 when the engine's log-probs are not the
+    trainer's own, else off."""
+    if setting == "auto":
+        return None if exact_logprobs else DEFAULT_TIS_CAP
+    return None if setting is None else float(setting)
 
 
 def _status(m: dict[str, float]) -> str:

@@ -23,7 +23,9 @@ from policyopt.core import (
     kl_penalty,
 )
 from policyopt.core.structure import gather
+from policyopt.core.tis import sequence_tis_weights, tis_weights
 from policyopt.models.logprobs import response_logprobs
+from policyopt.rollout.base import require_entropy
 from policyopt.trainer.batch import StepBatch, micro_slices, trim
 from policyopt.trainer.config import Config
 from policyopt.trainer.structure import slice_structure, step_structure
@@ -43,6 +45,8 @@ class UpdateContext:
     # resets it; the trainer stops at optim.max_nonfinite_updates) and over the run.
     nonfinite_in_a_row: int = 0
     nonfinite_total: int = 0
+    # Truncated importance sampling cap C (core/tis.py); None: off.
+    tis_cap: float | None = None
 
 
 class NonFiniteUpdateError(RuntimeError):
@@ -124,6 +128,8 @@ def _minibatch_step(
     norms = {"global_tokens": tokens, "global_seqs": seqs, "max_len": cfg.rollout.max_new_tokens}
     # Declared structure the loss needs (HISPO: segment ids, rollout-time entropies).
     wanted = gather(f"policy loss {alg.loss!r}", POLICY_LOSSES.get(alg.loss), step_structure(r))
+    if "entropies" in wanted:
+        require_entropy(r, f"policy loss {alg.loss!r}")
     pooled = MetricPool()
     loss_sum = 0.0
     for sl in micro_slices(len(minibatch), cfg.train.micro_batch_size):
@@ -144,6 +150,11 @@ def _minibatch_step(
         if adv.dim() == 2:
             adv = adv[:, :width]
         old = logp.detach() if old_logp is None else old_logp[rows, :width]
+        tis_mean = None
+        if ctx.tis_cap is not None:
+            adv, tis_mean = tis_advantages(
+                adv, old, r.logp[rows, :width], m, ctx.tis_cap, per_sequence(cfg)
+            )
         options = {**slice_structure(wanted, r.pairwise, rows, width), **alg.loss_options}
         loss, metrics = compute_policy_loss(
             alg.loss, logp, old, adv, m, **loss_settings(alg), **norms, **options
@@ -155,6 +166,8 @@ def _minibatch_step(
             kl_loss = aggregate(kl, m, alg.agg or "seq-mean-token-mean", **norms)
             loss = loss + alg.kl_coef * kl_loss
             metrics["kl_ref"] = float((kl.detach() * m).sum() / m.sum().clamp(min=1))
+        if tis_mean is not None:
+            metrics["tis_weight_mean"] = tis_mean
         loss.backward()
         pooled.add(metrics, float(m.sum()))
         loss_sum += float(loss.detach())  # micro losses sum to the minibatch loss
@@ -167,6 +180,33 @@ def loss_settings(alg: Any) -> dict[str, Any]:
     """agg / clip_low / clip_high that are set; the others take the loss's own defaults."""
     values = {k: getattr(alg, k) for k in ("agg", "clip_low", "clip_high")}
     return {k: v for k, v in values.items() if v is not None}
+
+
+def per_sequence(config: Config) -> bool:
+    """Whether the loss takes one advantage per sequence (GSPO's sequence variant, HISPO)."""
+    alg = config.algorithm
+    if alg.loss == "gspo":
+        return alg.loss_options.get("variant", "seq") == "seq"
+    return alg.loss == "hispo"
+
+
+def tis_advantages(
+    adv: torch.Tensor,
+    old: torch.Tensor,
+    sampler_logp: torch.Tensor,
+    mask: torch.Tensor,
+    cap: float,
+    sequence_level: bool,
+) -> tuple[torch.Tensor, float]:
+    """Â weighted by the truncated importance weights (core/tis.py): per token, Â_i w_{i,t}
+    [n, T]; for a loss with one advantage per sequence, Â_i w_i [n]. Also the mean weight
+    over the masked tokens (or sequences)."""
+    if sequence_level and adv.dim() == 1:
+        w = sequence_tis_weights(old, sampler_logp, mask, cap)
+        return adv * w, float(w.mean()) if len(w) else 1.0
+    w = tis_weights(old, sampler_logp, mask, cap)
+    full = adv[:, None] if adv.dim() == 1 else adv
+    return full * w, float(w.sum() / mask.sum().clamp(min=1))
 
 
 class MetricPool:
