@@ -162,6 +162,8 @@ def summarize(records: list[dict[str, float]]) -> dict[str, Any]:
         "step_time_s": statistics.median(step_times),
         "cpu_time_s": statistics.median(r["cpu/step"] for r in records),
         "tokens_per_s": sum(tokens) / sum(step_times),
+        # Sampling throughput: generated tokens per second of the rollout phase alone.
+        "sampling_tokens_per_s": sum(tokens) / sum(r["time/generation"] for r in records),
         "generated_tokens_per_leaf": sum(tokens) / leaves,
         "wall_time_per_leaf_s": sum(step_times) / leaves,
         "leaves_per_step": leaves / len(records),
@@ -189,6 +191,11 @@ def run_bench(args: argparse.Namespace) -> int:
         "cpu_time_s": {k: v["cpu_time_s"] for k, v in results.items() if "cpu_time_s" in v},
         "step_times_s": {k: v["step_times_s"] for k, v in results.items() if "step_times_s" in v},
         "tokens_per_s": {k: v["tokens_per_s"] for k, v in results.items()},
+        "sampling_tokens_per_s": {
+            k: v["sampling_tokens_per_s"]
+            for k, v in results.items()
+            if "sampling_tokens_per_s" in v
+        },
         "generated_tokens_per_leaf": {
             k: v["generated_tokens_per_leaf"] for k, v in results.items()
         },
