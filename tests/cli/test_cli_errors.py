@@ -126,3 +126,17 @@ def test_a_run_stopped_by_nonfinite_updates_says_why(tmp_path, capsys, monkeypat
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert "stopped at step 1" in err and "optim.max_nonfinite_updates=1" in err
+
+
+def test_a_model_path_that_does_not_exist_is_named(tmp_path, capsys) -> None:
+    missing = tmp_path / "no-model"
+    err = run_error(capsys, ["eval", "--model", str(missing)])
+    assert str(missing) in err and "does not exist" in err
+    out = f"train.output_dir={tmp_path / 'run'}"
+    err = run_error(capsys, ["train", f"model.name_or_path={missing}", out, "train.progress=false"])
+    assert str(missing) in err and "does not exist" in err
+
+
+def test_an_unknown_name_without_a_near_one_still_reads(capsys) -> None:
+    err = run_error(capsys, ["compare", "zzzz", "--seeds", "1"])
+    assert "unknown recipe 'zzzz'; valid names: " in err

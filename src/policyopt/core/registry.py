@@ -55,7 +55,7 @@ def unknown_name_message(kind: str, name: str, valid: list[str]) -> str:
     """`unknown <kind> 'x'; did you mean 'y'? valid: a, b, c`."""
     close = difflib.get_close_matches(name, valid, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"unknown {kind} {name!r}{hint} valid names: {', '.join(valid)}"
+    return f"unknown {kind} {name!r}{hint or ';'} valid names: {', '.join(valid)}"
 
 
 def all_registries() -> list[Registry]:  # type: ignore[type-arg]

@@ -62,6 +62,9 @@ def _resolve(name_or_path: str) -> tuple[str, dict[str, Any]]:
         if not gguf.is_file():
             raise FileNotFoundError(f"GGUF model file {name_or_path!r} does not exist")
         return str(gguf.parent), {"gguf_file": gguf.name}
+    if name_or_path.startswith(("/", ".", "~")) and not Path(name_or_path).expanduser().exists():
+        # A path, not a hub name: say so rather than let the hub reject it as a repo id.
+        raise FileNotFoundError(f"model path {name_or_path!r} does not exist")
     return name_or_path, {}
 
 
@@ -84,7 +87,10 @@ def load_model(
     if dtype not in DTYPES:
         raise ValueError(f"load_model: unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
     location, extra = _resolve(name_or_path)
-    model = AutoModelForCausalLM.from_pretrained(location, dtype=DTYPES[dtype], **extra)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(location, dtype=DTYPES[dtype], **extra)
+    except OSError as err:  # not a model folder, or a hub name that cannot be fetched
+        raise FileNotFoundError(f"cannot load model {name_or_path!r}: {err}") from err
     model.to(device)
     tokenizer = load_tokenizer(name_or_path)
     # generate() reads the pad id from the generation config; keep it equal to the tokenizer's.
