@@ -174,3 +174,12 @@ def test_options_of_a_replaced_part_are_dropped(tmp_path) -> None:
         ["algorithm.advantage=reinforce_pp", "algorithm.advantage_options.group_baseline=true"],
     )
     assert cfg.algorithm.advantage_options == {"group_baseline": True}
+
+
+def test_engine_options_are_checked_at_load() -> None:
+    with pytest.raises(
+        ConfigError, match=r"rollout\.engine_options\.gpu_memory_utilization: unknown"
+    ):
+        load_config(overrides=["rollout.engine_options={gpu_memory_utilization: 0.5}"])
+    with pytest.raises(ConfigError, match=r"engine_options\.batch_size.*rollout\.batch_size"):
+        load_config(overrides=["rollout.engine_options={batch_size: 3}"])

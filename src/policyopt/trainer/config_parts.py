@@ -57,7 +57,11 @@ def check_parts(config: Config) -> list[str]:
 
     problems: list[str] = []
     ro, alg = config.rollout, config.algorithm
-    named(problems, "rollout.engine", ENGINES, ro.engine)
+    engine = named(problems, "rollout.engine", ENGINES, ro.engine)
+    if engine is not None:
+        what = f"rollout engine {ro.engine!r}"
+        supplied = {"batch_size": "rollout.batch_size"}
+        options(problems, "rollout.engine_options", what, engine, ro.engine_options, 2, supplied)
     strategy = named(problems, "rollout.strategy", ROLLOUT_STRATEGIES, ro.strategy)
     if strategy is not None:
         options(
