@@ -4,6 +4,8 @@ import json
 
 import torch
 
+from policyopt.tasks.arithmetic import ArithmeticTask
+from policyopt.tasks.base import TASKS
 from policyopt.trainer.checkpoint import latest_checkpoint, list_checkpoints
 from policyopt.trainer.trainer import Trainer
 
@@ -96,3 +98,37 @@ def test_nonfinite_updates_in_a_row_survive_resume(tmp_path, small_config) -> No
     assert resumed.step == 1
     assert resumed.update_ctx.nonfinite_in_a_row == 2
     assert resumed.update_ctx.nonfinite_total == 3
+
+
+class CountingTask(ArithmeticTask):
+    """A task with state (as a live environment has): how many completions it verified."""
+
+    def __init__(self, **options) -> None:
+        super().__init__(**options)
+        self.verified = 0
+
+    def verify(self, completion, row):
+        self.verified += 1
+        return super().verify(completion, row)
+
+    def state_dict(self) -> dict:
+        return {"verified": self.verified}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.verified = state["verified"]
+
+
+def test_task_state_survives_resume(tmp_path, small_config) -> None:
+    """A task's state (DMRL's live environment: its day, deployed document, experiments)
+    is saved with the checkpoint and restored, so the resumed run sees the same world."""
+    if "counting_arithmetic" not in TASKS:
+        TASKS.register("counting_arithmetic")(CountingTask)
+    counting = ("task.name=counting_arithmetic", "reward.functions=[{name: task}]")
+    straight = Trainer(small_config(tmp_path / "a", *counting, steps=3))
+    straight.train()
+    first = Trainer(small_config(tmp_path / "b", *counting, steps=3))
+    first.train(until_step=2)
+    resumed = Trainer(small_config(tmp_path / "b", *counting, steps=3))
+    assert resumed.task.verified == first.task.verified > 0
+    resumed.train()
+    assert resumed.task.verified == straight.task.verified

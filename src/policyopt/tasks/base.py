@@ -33,6 +33,14 @@ class Task(ABC):
     # empty for tasks that do not.
     styles: tuple[str, ...] = ()
 
+    # Tasks with state (a live environment that moves on as the policy trains) override
+    # these: the trainer checkpoints it (tensors and plain data only) and restores it on resume.
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None
+
     @abstractmethod
     def rows(self, split: str) -> datasets.Dataset:
         """Rows of `split` ("train" or "eval"), with the columns named above."""

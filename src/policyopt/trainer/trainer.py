@@ -184,6 +184,7 @@ class Trainer:
         self.sampler.load_state_dict(state["sampler"])
         for shaper, s in zip(self.shapers, state.get("shapers", []), strict=False):
             shaper.load_state_dict(s)
+        self.task.load_state_dict(state.get("task", {}))
         ckpt.set_rng_state(state["rng"])
         self.step = state["step"]
         self.generated_tokens = state.get("generated_tokens", 0)
@@ -221,6 +222,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "sampler": self.sampler.state_dict(),
             "shapers": [s.state_dict() for s in self.shapers],
+            "task": self.task.state_dict(),
             "rng": ckpt.rng_state(),
             "nonfinite": {
                 "in_a_row": self.update_ctx.nonfinite_in_a_row,
