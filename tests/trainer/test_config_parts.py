@@ -183,3 +183,18 @@ def test_engine_options_are_checked_at_load() -> None:
         load_config(overrides=["rollout.engine_options={gpu_memory_utilization: 0.5}"])
     with pytest.raises(ConfigError, match=r"engine_options\.batch_size.*rollout\.batch_size"):
         load_config(overrides=["rollout.engine_options={batch_size: 3}"])
+
+
+@pytest.mark.parametrize(
+    ("override", "hint"),
+    [
+        ("reward.functions=[format]", "did you mean [{name: format}]"),
+        ("reward.shapers=[gar]", "did you mean [{name: gar}]"),
+        ("rollout.annotators=hispo_segments", "did you mean [{name: hispo_segments}]"),
+        ("train.loggers=jsonl", "did you mean [jsonl]"),
+    ],
+)
+def test_a_name_where_a_list_of_parts_is_expected_shows_the_form(override, hint) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=[override])
+    assert hint in str(info.value), str(info.value)

@@ -466,6 +466,27 @@ def list_item_model(annotation: Any) -> type[BaseModel] | None:
     return arg if isinstance(arg, type) and issubclass(arg, BaseModel) else None
 
 
+def list_hint(loc: tuple[Any, ...], name: str) -> str:
+    """The list form of a single value given where a list is expected: `[{name: gar}]` for a
+    list of parts (reward.shapers), `[jsonl]` for a list of values (train.loggers)."""
+    annotation: Any = Config
+    for part in loc:
+        if isinstance(part, int):
+            annotation = (typing.get_args(annotation) or (None,))[0]
+        elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            annotation = (
+                annotation.model_fields[part].annotation
+                if part in annotation.model_fields
+                else None
+            )
+        else:
+            return ""
+    item = list_item_model(annotation)
+    if item is not None or (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+        return f"; did you mean [{{name: {name}}}]?"
+    return f"; did you mean [{name}]?" if typing.get_origin(annotation) is list else ""
+
+
 def describe_validation_error(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
@@ -479,6 +500,8 @@ def describe_validation_error(err: ValidationError) -> str:
             valid = re.findall(r"'([^']*)'", e["msg"])
             close = difflib.get_close_matches(e["input"], valid, n=1, cutoff=0.5)
             hint = f"; did you mean '{close[0]}'?" if close else ""
+        if e["type"] in ("model_type", "list_type") and isinstance(e.get("input"), str):
+            hint = list_hint(e["loc"], e["input"])
         lines.append(f"{where}: {e['msg']} (got {e.get('input')!r}){hint}")
     return "invalid config:\n  " + "\n  ".join(lines)
 
