@@ -116,6 +116,10 @@ def test_values_the_run_supplies_are_not_options() -> None:
         load_config(overrides=["algorithm.name=hispo", "algorithm.loss_options={segment_ids: 1}"])
     with pytest.raises(ConfigError, match=r"loss_options\.max_len.*not an option"):
         load_config(overrides=["algorithm.loss_options={max_len: 3}"])
+    with pytest.raises(ConfigError, match=r"loss_options\.agg.*algorithm\.agg"):
+        load_config(overrides=["algorithm.loss_options={agg: token-mean}"])
+    with pytest.raises(ConfigError, match=r"loss_options\.clip_high.*algorithm\.clip_high"):
+        load_config(overrides=["algorithm.loss_options={clip_high: 0.3}"])
     with pytest.raises(ConfigError, match=r"strategy_options\.group_size.*rollout\.group_size"):
         load_config(overrides=["rollout.strategy_options={group_size: 3}"])
 

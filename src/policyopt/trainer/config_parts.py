@@ -41,6 +41,7 @@ LOSS_SUPPLIED = {
     "global_tokens": "the trainer (the batch's token count)",
     "global_seqs": "the trainer (the batch's sequence count)",
     "max_len": "rollout.max_new_tokens",
+    "agg": "algorithm.agg",
     "clip_low": "algorithm.clip_low",
     "clip_high": "algorithm.clip_high",
 }
