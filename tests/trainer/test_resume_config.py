@@ -39,6 +39,7 @@ def test_changed_config_stops_resume_naming_the_keys(tmp_path, small_config) -> 
     assert "optim.lr (saved 0.001, now 0.002)" in message
     assert "rollout.group_size (saved 4, now 2)" in message
     assert "train.steps" not in message and "train.num_threads" not in message
+    assert message.count("(saved") == 2  # nothing else
     assert "train.resume_anyway=true" in message
     assert (tmp_path / "config.yaml").read_text() == before  # not overwritten by the attempt
 
@@ -84,3 +85,26 @@ def test_harmless_changes_resume(tmp_path, small_config) -> None:
         )
     )
     assert resumed.step == 2
+
+
+def test_changed_keys_by_hand() -> None:
+    """Nested options compare key by key; resource knobs and run length are not named."""
+    from policyopt.trainer.config import load_config
+    from policyopt.trainer.resume_check import ABSENT, changed_keys
+
+    saved = load_config(overrides=["task.options={train_size: 200}", "optim.max_grad_norm=null"])
+    new = load_config(
+        overrides=[
+            "task.options={train_size: 300, eval_size: 20}",
+            "optim.max_grad_norm=1.0",
+            "train.steps=7",
+            "train.output_dir=elsewhere",
+            "rollout.batch_size=3",
+        ]
+    )
+    assert changed_keys(saved, new) == [
+        ("optim.max_grad_norm", None, 1.0),
+        ("task.options.eval_size", ABSENT, 20),
+        ("task.options.train_size", 200, 300),
+    ]
+    assert changed_keys(saved, saved) == []

@@ -8,7 +8,8 @@ checkpoint) and stops, naming every differing key, unless `train.resume_anyway=t
 Keys that change how long, where, how fast or how verbosely a run goes, but not what it
 trains, may differ (RESUME_SAFE_KEYS). `train.steps` and `train.max_generated_tokens` extend
 or shorten the run (`steps` also sets the lr schedule's length). The resource knobs
-(threads, micro-batch size, generation batch size, logit chunk size, reward prefetch) leave
+(threads, micro-batch size, generation batch size, logit chunk size, vLLM memory settings,
+reward prefetch) leave
 the result mathematically the same, though not bit-identical where float sums regroup.
 """
 
@@ -41,12 +42,15 @@ RESUME_SAFE_KEYS = frozenset(
         "train.micro_batch_size",
         "model.logit_chunk_size",
         "rollout.batch_size",
+        "rollout.engine_options.gpu_memory_utilization",
+        "rollout.engine_options.kv_cache_memory_bytes",
+        "rollout.engine_options.enforce_eager",
         "reward.prefetch",
     }
 )
 
 
-_ABSENT = object()  # a key one config has and the other has not (an options dict)
+ABSENT = object()  # a key one config has and the other has not (an options dict)
 
 
 class ConfigMismatchError(ConfigError):
@@ -57,9 +61,9 @@ def changed_keys(saved: Config, new: Config) -> list[tuple[str, Any, Any]]:
     """(dotted key, saved value, new value) for each key that differs and matters."""
     old, now = _flatten(saved.model_dump(mode="json")), _flatten(new.model_dump(mode="json"))
     return [
-        (key, old.get(key, _ABSENT), now.get(key, _ABSENT))
+        (key, old.get(key, ABSENT), now.get(key, ABSENT))
         for key in sorted(old.keys() | now.keys())
-        if key not in RESUME_SAFE_KEYS and old.get(key, _ABSENT) != now.get(key, _ABSENT)
+        if key not in RESUME_SAFE_KEYS and old.get(key, ABSENT) != now.get(key, ABSENT)
     ]
 
 
@@ -90,7 +94,7 @@ def check_resume_config(saved_file: Path, checkpoint: Path, config: Config) -> l
 
 
 def _show(value: Any) -> str:
-    return "(absent)" if value is _ABSENT else json.dumps(value)
+    return "(absent)" if value is ABSENT else json.dumps(value)
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
