@@ -76,6 +76,9 @@ def run_quickstart(args: argparse.Namespace) -> int:
     if config.task.name == "dmrl_skill":
         return run_dmrl_quickstart(config, out)
     summary = run_pipeline(config, Console())
+    if "final_ndcg@10" in summary:
+        print(ranking_line(summary, out))
+        return 0
     gain = summary["final_accuracy"] - summary["initial_accuracy"]
     before, after = summary["initial_eval"]["eval/reward"], summary["final_eval"]["eval/reward"]
     print(
@@ -99,6 +102,24 @@ def run_dmrl_quickstart(config, out: str) -> int:  # noqa: ANN001
         f"summary: {out}/summary.json"
     )
     return 0
+
+
+def ranking_line(summary: dict, out: str) -> str:
+    """Held-out NDCG@10 before/after RL and the references, for a ranking run."""
+    before, after = summary["initial_ndcg@10"], summary["final_ndcg@10"]
+    refs = [
+        f"{name} {summary[key]:.3f}"
+        for name, key in (
+            ("oracle", "oracle_ndcg@10"),
+            ("LambdaRank", "lambdarank_ndcg@10"),
+            ("listwise softmax (full labels)", "listwise_softmax_ndcg@10"),
+        )
+        if summary.get(key) is not None
+    ]
+    return (
+        f"held-out NDCG@10 {before:.3f} -> {after:.3f} ({after - before:+.3f}); "
+        f"{'; '.join(refs)}; summary: {out}/summary.json"
+    )
 
 
 def add_sft(sub: argparse._SubParsersAction) -> None:

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from policyopt.cli import bench, commands, compare
+    from policyopt.cli import bench, commands, compare, data
 
     parser = argparse.ArgumentParser(
         prog="policyopt",
@@ -66,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_eval(sub)
     compare.add_compare(sub)
     bench.add_bench(sub)
+    data.add_data(sub)
     return parser
 
 

@@ -16,6 +16,7 @@ from rich.table import Table
 from policyopt import __version__
 from policyopt.models.loading import load_model
 from policyopt.models.tiny import cache_dir
+from policyopt.recipes.ranking import ranking_summary
 from policyopt.tasks.base import get_task
 from policyopt.trainer.config import Config
 from policyopt.trainer.policy import load_policy
@@ -112,6 +113,7 @@ def run_pipeline(config: Config, console: Console | None = None) -> dict[str, An
         "wall_seconds": time.perf_counter() - start,
         "last_step_metrics": last,
         "output_dir": str(trainer.output_dir),
+        **ranking_summary(config, trainer.task, initial, final, console),
     }
     (trainer.output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     console.print(summary_table(summary))

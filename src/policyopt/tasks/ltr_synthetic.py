@@ -8,7 +8,8 @@ within a query). Its true utility is a smooth non-linear function of z,
 
 and its graded label l ∈ {0..4} is u + ε (ε ~ N(0, noise²)) bucketed by fixed thresholds
 (most documents 0, few 4). The policy sees `num_features` features: z_0..z_7 through
-monotone distortions (raw; heavy-tailed counts exp(1.5 z); a logistic score), plus features
+monotone distortions (raw; counts round(10 exp(1.5 z)); signed heavy tails
+sign(z)(e^{2|z|} − 1)), plus features
 that are pure noise (some heavy-tailed). Ranking by u itself is the oracle: its NDCG@k is
 below 1 only because of the label noise (`oracle_ndcg`).
 
@@ -28,14 +29,14 @@ LATENT = 8
 THRESHOLDS = (1.0, 1.8, 2.5, 3.2)  # label = number of thresholds u + ε reaches
 
 
+# Fixed directions in latent space (oblique: every coordinate matters to each).
+_DIRECTIONS = np.random.default_rng(12345).normal(size=(3, LATENT)) / np.sqrt(LATENT)
+
+
 def true_utility(z: np.ndarray) -> np.ndarray:
-    return (
-        0.8 * z[:, 0]
-        + 0.6 * z[:, 1]
-        + 0.5 * np.tanh(2 * z[:, 2]) * z[:, 3]
-        + 0.4 * np.sin(2 * z[:, 4])
-        + 0.3 * z[:, 5] * z[:, 6]
-    )
+    """u = a·z + 0.5 tanh(b·z)(c·z): a dense linear part and a smooth interaction."""
+    a, b, c = (z @ d for d in _DIRECTIONS)
+    return 1.2 * a + 0.5 * np.tanh(b) * c
 
 
 def observed_features(z: np.ndarray, num_features: int, rng: np.random.Generator) -> np.ndarray:
@@ -49,7 +50,7 @@ def observed_features(z: np.ndarray, num_features: int, rng: np.random.Generator
         elif kind == 1:
             cols.append(np.round(np.exp(1.5 * z[:, j]) * 10))  # a count, heavy-tailed
         else:
-            cols.append(1 / (1 + np.exp(-z[:, j])))
+            cols.append(np.sign(z[:, j]) * np.expm1(2 * np.abs(z[:, j])))  # signed, heavy-tailed
     while len(cols) < num_features:
         j = len(cols)
         noise = rng.normal(size=n)
@@ -99,6 +100,7 @@ class SyntheticLTRTask(RankingTask):
         self.utilities = {"train": u_train, "eval": u_eval}
         super().__init__({"train": train, "eval": held_out}, k, max_train_queries)
 
-    def oracle_ndcg(self, split: str = "eval", k: int = 10) -> float:
-        """Mean NDCG@k of ranking each query by its true utility."""
-        return self.ranking_ndcg(split, self.utilities[split][: len(self.queries[split])], k)
+    def oracle_ndcg(self, split: str = "eval", k: int = 10, limit: int = 0) -> float:
+        """Mean NDCG@k of ranking each query by its true utility (first `limit` queries)."""
+        n = limit or len(self.queries[split])
+        return self.ranking_ndcg(split, self.utilities[split][:n], k, limit=n)

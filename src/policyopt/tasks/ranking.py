@@ -99,11 +99,13 @@ class RankingTask(Task):
             [len(q.labels) for q in queries],
         )
 
-    def ranking_ndcg(self, split: str, scores: list[np.ndarray], k: int) -> float:
-        """Mean NDCG@k over a split's queries of the rankings by descending `scores`."""
+    def ranking_ndcg(self, split: str, scores: list[np.ndarray], k: int, limit: int = 0) -> float:
+        """Mean NDCG@k of the rankings by descending `scores` over a split's queries (the
+        first `limit` of them; 0: all)."""
+        queries = self.queries[split][:limit] if limit else self.queries[split]
         values = [
             ndcg(list(q.labels), list(np.argsort(-s, kind="stable")), k)
-            for q, s in zip(self.queries[split], scores, strict=True)
+            for q, s in zip(queries, scores, strict=True)
         ]
         return float(np.mean(values))
 
