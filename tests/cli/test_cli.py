@@ -317,3 +317,23 @@ def test_bench_against_trl(tmp_path) -> None:
     assert set(report["step_time_s"]) == {"grpo", "trl"}
     ratio = report["step_time_ratio_to_trl"]["grpo"]
     assert ratio == pytest.approx(report["step_time_s"]["grpo"] / report["step_time_s"]["trl"])
+
+
+def test_bench_against_trl_interleaves_and_keeps_each_rng(tmp_path) -> None:
+    """TRL's steps and the methods' rounds alternate in one process; each keeps its own RNG
+    stream, so a method samples the same rollouts as in a bench without TRL."""
+    small = ["--steps", "2", "--prompts", "2", "--group-size", "4", "--max-new-tokens", "8"]
+    with_trl, alone = tmp_path / "trl.json", tmp_path / "alone.json"
+    assert (
+        main(["bench", "--algos", "grpo", "--against", "trl", *small, "--json-out", str(with_trl)])
+        == 0
+    )
+    assert main(["bench", "--algos", "grpo", *small, "--json-out", str(alone)]) == 0
+    report, plain = json.loads(with_trl.read_text()), json.loads(alone.read_text())
+    for key in ("step_time_ratio_to_trl", "cpu_time_ratio_to_trl", "step_time_paired_ratio_to_trl"):
+        assert set(report[key]) == {"grpo", "trl"} and report[key]["trl"] == 1.0
+        assert report[key]["grpo"] > 0
+    assert [len(v) for v in report["step_times_s"].values()] == [2, 2]
+    assert report["cpu_time_s"]["trl"] > 0
+    leaf = "generated_tokens_per_leaf"
+    assert report[leaf]["grpo"] == plain[leaf]["grpo"]

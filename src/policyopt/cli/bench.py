@@ -15,6 +15,11 @@ machine it measures the work a method adds without the waiting, most cleanly wit
 the medians and the median of per-round ratios (`step_time_paired_ratio_to_<first>`).
 Absolute times on a shared machine are noisy: compare the ratios.
 
+`--against trl` adds TRL's `GRPOTrainer` on the same model, prompts, lengths and optimizer,
+interleaved too: after each of its steps one round of the methods runs (outside TRL's timing,
+TRL's RNG state put back), so that the ratios to TRL (of the medians, of CPU times, and the
+median of per-round ratios) are taken under the same load.
+
 `--model` is the start: the untrained embedded tiny model by default, or any name or path
 `load_model` accepts, e.g. an SFT checkpoint (`policyopt sft --output-dir DIR`, or the
 pipeline's cache `~/.cache/policyopt/sft/<key>/`) or a training checkpoint folder. Methods
@@ -118,35 +123,83 @@ def bench_config(
     )
 
 
+class PolicyoptArms:
+    """One Trainer per arm; `run_round` times one step of each, in ABBA order (round 1: A
+    then B; round 2: B then A; ...), each trainer with its own RNG state, so that every arm
+    samples what it would alone while load drift on a shared machine hits all alike."""
+
+    def __init__(
+        self, algos: list[str], settings: dict[str, Any], steps: int, overrides: list[str]
+    ) -> None:
+        from policyopt.trainer.checkpoint import rng_state
+        from policyopt.trainer.trainer import Trainer
+
+        self.algos = algos
+        self.records: dict[str, list[dict[str, float]]] = {a: [] for a in algos}
+        self._root = tempfile.TemporaryDirectory()
+        self.trainers, self.rng = {}, {}
+        for algo in algos:  # each Trainer seeds the global RNGs: keep its state apart
+            self.trainers[algo] = Trainer(
+                bench_config(
+                    algo, settings, steps, overrides, f"{self._root.name}/{len(self.trainers)}"
+                )
+            )
+            self.rng[algo] = rng_state()
+
+    def run_round(self, round_: int) -> None:
+        from policyopt.trainer.checkpoint import rng_state, set_rng_state
+
+        order = self.algos if round_ % 2 == 0 else self.algos[::-1]  # ABBA: drift cancels
+        for algo in order:
+            trainer = self.trainers[algo]
+            set_rng_state(self.rng[algo])
+            cpu = time.process_time()
+            record = trainer.train_step()
+            record["cpu/step"] = time.process_time() - cpu
+            self.records[algo].append(record)
+            trainer.step += 1  # as Trainer.train: per-step caches and schedules move on
+            self.rng[algo] = rng_state()
+
+    def results(self) -> dict[str, dict[str, Any]]:
+        """Per arm: `summarize` of its rounds after the first (warm-up)."""
+        return {algo: summarize(recs[1:]) for algo, recs in self.records.items()}
+
+    def close(self) -> None:
+        for trainer in self.trainers.values():
+            trainer.close()
+        self._root.cleanup()
+
+
 def time_policyopt(
     algos: list[str], settings: dict[str, Any], steps: int, overrides: list[str]
 ) -> dict[str, dict[str, Any]]:
     """Per method: median step time and the rest of `summarize`, steps interleaved."""
-    from policyopt.trainer.checkpoint import rng_state, set_rng_state
-    from policyopt.trainer.trainer import Trainer
-
-    records: dict[str, list[dict[str, float]]] = {a: [] for a in algos}
-    with tempfile.TemporaryDirectory() as root:
-        trainers, rng = {}, {}
-        for algo in algos:  # each Trainer seeds the global RNGs: keep its state apart
-            trainers[algo] = Trainer(
-                bench_config(algo, settings, steps, overrides, f"{root}/{len(trainers)}")
-            )
-            rng[algo] = rng_state()
+    arms = PolicyoptArms(algos, settings, steps, overrides)
+    try:
         for round_ in range(steps + 1):
-            order = algos if round_ % 2 == 0 else algos[::-1]  # ABBA: linear drift cancels
-            for algo in order:
-                trainer = trainers[algo]
-                set_rng_state(rng[algo])
-                cpu = time.process_time()
-                record = trainer.train_step()
-                record["cpu/step"] = time.process_time() - cpu
-                records[algo].append(record)
-                trainer.step += 1  # as Trainer.train: per-step caches and schedules move on
-                rng[algo] = rng_state()
-        for trainer in trainers.values():
-            trainer.close()
-    return {algo: summarize(recs[1:]) for algo, recs in records.items()}  # drop warm-up
+            arms.run_round(round_)
+        return arms.results()
+    finally:
+        arms.close()
+
+
+def time_with_trl(
+    algos: list[str], settings: dict[str, Any], steps: int, overrides: list[str]
+) -> dict[str, dict[str, Any]]:
+    """`time_policyopt` with TRL's `GRPOTrainer` as one more arm, interleaved too: after each
+    TRL step (timed on its own), one round of the policyopt arms runs, on their own RNG
+    states (TRL's is put back after it), so that the ratio to TRL is taken under the same
+    load, not minutes apart."""
+    from policyopt.cli.bench_trl import time_trl
+
+    arms = PolicyoptArms(algos, settings, steps, overrides)
+    try:
+        trl = time_trl(settings, steps, between=arms.run_round)
+        results = arms.results()
+    finally:
+        arms.close()
+    results["trl"] = trl
+    return results
 
 
 def summarize(records: list[dict[str, float]]) -> dict[str, Any]:
@@ -180,12 +233,12 @@ def run_bench(args: argparse.Namespace) -> int:
     settings = bench_settings(args)
     algos = list(dict.fromkeys(a.strip() for a in args.algos.split(",") if a.strip()))
     console.print(f"timing {', '.join(algos)} (interleaved) from {args.model} ...")
-    results: dict[str, dict[str, Any]] = time_policyopt(algos, settings, args.steps, args.overrides)
+    results: dict[str, dict[str, Any]]
     if args.against == "trl":
-        from policyopt.cli.bench_trl import time_trl
-
-        console.print("timing TRL GRPOTrainer ...")
-        results["trl"] = time_trl(settings, args.steps)
+        console.print("with TRL's GRPOTrainer interleaved ...")
+        results = time_with_trl(algos, settings, args.steps, args.overrides)
+    else:
+        results = time_policyopt(algos, settings, args.steps, args.overrides)
     report: dict[str, Any] = {
         "step_time_s": {k: v["step_time_s"] for k, v in results.items()},
         "cpu_time_s": {k: v["cpu_time_s"] for k, v in results.items() if "cpu_time_s" in v},
@@ -233,8 +286,18 @@ def run_bench(args: argparse.Namespace) -> int:
         for k, v in results.items()
     }
     if "trl" in results:
+        trl = results["trl"]
         report["step_time_ratio_to_trl"] = {
-            k: v["step_time_s"] / results["trl"]["step_time_s"] for k, v in results.items()
+            k: v["step_time_s"] / trl["step_time_s"] for k, v in results.items()
+        }
+        report["cpu_time_ratio_to_trl"] = {
+            k: v["cpu_time_s"] / trl["cpu_time_s"] for k, v in results.items() if "cpu_time_s" in v
+        }
+        report["step_time_paired_ratio_to_trl"] = {  # rounds are interleaved with TRL's steps
+            k: statistics.median(
+                t / t0 for t, t0 in zip(v["step_times_s"], trl["step_times_s"], strict=True)
+            )
+            for k, v in results.items()
         }
     if args.memory:
         from policyopt.models.memory_bench import head_memory_benchmark

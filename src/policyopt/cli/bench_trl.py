@@ -5,10 +5,17 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 
-def time_trl(settings: dict[str, Any], steps: int) -> dict[str, Any]:
+def time_trl(
+    settings: dict[str, Any], steps: int, between: Callable[[int], None] | None = None
+) -> dict[str, Any]:
+    """Median step time (and CPU time) of `steps` TRL steps after one warm-up step.
+
+    `between(i)`, if given, runs after TRL's step i, outside its timing and with TRL's RNG
+    state put back afterwards (`policyopt bench` times its own arms there)."""
     try:
         from transformers import TrainerCallback
         from trl import GRPOConfig, GRPOTrainer
@@ -19,6 +26,7 @@ def time_trl(settings: dict[str, Any], steps: int) -> dict[str, Any]:
     from policyopt.models.loading import load_model
     from policyopt.rewards.functions import task_reward_function
     from policyopt.tasks.base import get_task
+    from policyopt.trainer.checkpoint import rng_state, set_rng_state
 
     task = get_task("arithmetic")
     rows = task.rows("train").select(range(4096))
@@ -40,13 +48,19 @@ def time_trl(settings: dict[str, Any], steps: int) -> dict[str, Any]:
     class StepTimer(TrainerCallback):
         def __init__(self) -> None:
             self.times: list[float] = []
-            self._t = 0.0
+            self.cpu_times: list[float] = []  # CPU time of the process, all threads
+            self._t = self._cpu = 0.0
 
         def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
-            self._t = time.perf_counter()
+            self._t, self._cpu = time.perf_counter(), time.process_time()
 
         def on_step_end(self, *args: Any, **kwargs: Any) -> None:
             self.times.append(time.perf_counter() - self._t)
+            self.cpu_times.append(time.process_time() - self._cpu)
+            if between is not None:
+                state = rng_state()
+                between(len(self.times) - 1)
+                set_rng_state(state)
 
     timer = StepTimer()
     with tempfile.TemporaryDirectory() as out:
@@ -85,7 +99,9 @@ def time_trl(settings: dict[str, Any], steps: int) -> dict[str, Any]:
     measured = timer.times[1:]
     tokens = [m * n for m in lengths[1 : len(timer.times)]]
     return {
+        "step_times_s": measured,
         "step_time_s": statistics.median(measured),
+        "cpu_time_s": statistics.median(timer.cpu_times[1:]),
         "tokens_per_s": sum(tokens) / sum(measured),
         "generated_tokens_per_leaf": sum(tokens) / (len(tokens) * n) if tokens else float("nan"),
     }
