@@ -38,6 +38,7 @@ from policyopt.rollout.base import (
     SamplingParams,
     concat_rollouts,
 )
+from policyopt.rollout.llama_step import LlamaDecodeStep
 from policyopt.rollout.sampling import sample_next
 
 
@@ -74,8 +75,11 @@ class HFEngine(RolloutEngine):
         *,
         batch_size: int = 256,
         generator: torch.Generator | None = None,
+        lean_decode: bool = True,
     ) -> None:
         self.model = model
+        # Decode a Llama model through its modules, not its forward (same logits; `llama_step`).
+        self.lean_decode = lean_decode
         self.tokenizer = tokenizer  # strategies that read text (DATPO's sentence forks)
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
@@ -187,6 +191,10 @@ class HFEngine(RolloutEngine):
         # one more position (rows past EOS too: their padding outputs are masked later).
         width = mask.shape[1]
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], steps)], dim=1)
+        # A Llama model with a preallocated cache decodes through its modules directly
+        # (`llama_step`), with the 4-D attention mask built here once.
+        lean = self._lean_step(cache)
+        mask4 = mask.bool()[:, None, None, :] if lean is not None else None
         alive = torch.ones(logits.shape[0], dtype=torch.bool, device=device)
         finished = torch.zeros_like(alive)
         tokens, logps, ents, alive_steps = [], [], [], []
@@ -216,6 +224,9 @@ class HFEngine(RolloutEngine):
             if not (alive & (step + 1 < budget)).any():
                 break
             pos = pos + 1
+            if lean is not None:
+                logits = lean(tok, pos, mask4[..., : width + step + 1], cache)
+                continue
             out = self.model(
                 input_ids=tok[:, None],
                 attention_mask=mask[:, : width + step + 1],
@@ -233,6 +244,16 @@ class HFEngine(RolloutEngine):
             finished=finished,
             cache=cache,
         )
+
+    def _lean_step(self, cache: object) -> LlamaDecodeStep | None:
+        """The direct decode step, where the model and the cache allow it (`llama_step`) and
+        `lean_decode` is on."""
+        layers = getattr(cache, "layers", None)
+        if DynamicLayer is None or not self.lean_decode or not layers:
+            return None
+        if any(type(layer) is not PreallocatedLayer for layer in layers):
+            return None
+        return LlamaDecodeStep.of(self.model)
 
 
 def _shifted(on_finished: FinishedFn | None, offset: int) -> FinishedFn | None:
