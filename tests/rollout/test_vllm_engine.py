@@ -19,13 +19,15 @@ from policyopt.rollout.base import MissingEntropyError, SamplingParams  # noqa: 
 from policyopt.rollout.vllm_engine import VLLMEngine  # noqa: E402
 
 T = 0.7
+# The tiny model's sequences are at most 512 tokens: a small KV cache holds plenty.
+KV = 64 << 20
 
 
 @pytest.fixture(scope="module")
 def tiny():
     torch.manual_seed(0)
     model, tok = load_model("tiny")
-    return model, tok, VLLMEngine(model, tok, entropies="trainer")
+    return model, tok, VLLMEngine(model, tok, entropies="trainer", kv_cache_memory_bytes=KV)
 
 
 def prompts(tok) -> list[list[int]]:
@@ -108,7 +110,7 @@ def test_lora_adapter_synced_as_an_adapter() -> None:
     torch.manual_seed(1)
     base, tok = load_model("tiny")
     model = apply_lora(base, rank=8, alpha=16)
-    engine = VLLMEngine(model, tok)
+    engine = VLLMEngine(model, tok, kv_cache_memory_bytes=KV)
     params = SamplingParams(max_new_tokens=16, temperature=T)
     with torch.no_grad():  # B starts at 0: move it so that the adapter changes the policy
         for name, p in model.named_parameters():
@@ -126,7 +128,14 @@ def test_grpo_run_with_the_vllm_engine(tmp_path, small_config) -> None:
     from policyopt.trainer.metrics_log import read_metrics
     from policyopt.trainer.trainer import Trainer
 
-    trainer = Trainer(small_config(tmp_path, "rollout.engine=vllm", steps=3))
+    trainer = Trainer(
+        small_config(
+            tmp_path,
+            "rollout.engine=vllm",
+            f"rollout.engine_options={{kv_cache_memory_bytes: {KV}}}",
+            steps=3,
+        )
+    )
     try:
         trainer.train()
         # The engine samples from the trained weights.

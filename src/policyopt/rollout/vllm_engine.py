@@ -40,8 +40,9 @@ from policyopt.rollout.hf_engine import left_pad
 logger = logging.getLogger(__name__)
 
 # On a CPU, vLLM reserves gpu_memory_utilization x RAM unless given a KV-cache size; this one
-# (256 MiB) holds thousands of tokens of a small model, and can be raised by option.
-CPU_KV_CACHE_BYTES = 256 << 20
+# (1 GiB) holds one full-length (8192-token) sequence of SmolLM2-135M with room to spare;
+# raise it by option for long responses or big batches.
+CPU_KV_CACHE_BYTES = 1 << 30
 
 
 def _vllm() -> Any:
@@ -78,13 +79,13 @@ class VLLMEngine(RolloutEngine):
             raise ValueError(
                 f"rollout.engine_options.entropies must be 'none' or 'trainer', got {entropies!r}"
             )
+        vllm = _vllm()
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
             raise ValueError(
                 "the vllm engine syncs weights from memory, which needs vLLM's engine in this "
                 "process: unset VLLM_ENABLE_V1_MULTIPROCESSING or set it to 0"
             )
-        vllm = _vllm()
         self.model = model
         self.tokenizer = tokenizer
         self.eos_id = tokenizer.eos_token_id
