@@ -26,12 +26,19 @@ pipeline's cache `~/.cache/policyopt/sft/<key>/`) or a training checkpoint folde
 whose cost depends on correct rollouts (GAR) need a trained start: the report's
 `fraction_correct` says how many rollouts passed the verifier. The task is the config's
 default (the embedded arithmetic task, as in the recipes) unless an override sets it.
+
+Data parallel: run it under torchrun with arms that set `train.parallel`, e.g.
+`torchrun --nproc-per-node 2 -m policyopt.cli.main bench --algos grpo+train.parallel=fsdp2`;
+`--prompts` is then the global prompts per step. The report's `per_rank` lists, for every
+rank, the MiB of parameters, gradients and optimizer state it holds (local shards under
+FSDP2) and its peak RSS; step times are the slowest rank's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import resource
 import statistics
@@ -161,13 +168,28 @@ class PolicyoptArms:
             self.rng[algo] = rng_state()
 
     def results(self) -> dict[str, dict[str, Any]]:
-        """Per arm: `summarize` of its rounds after the first (warm-up)."""
-        return {algo: summarize(recs[1:]) for algo, recs in self.records.items()}
+        """Per arm: `summarize` of its rounds after the first (warm-up), and per data-parallel
+        rank (one entry without torchrun) the state it holds and its peak RSS."""
+        out = {algo: summarize(recs[1:]) for algo, recs in self.records.items()}
+        for algo, trainer in self.trainers.items():
+            out[algo]["per_rank"] = rank_memory(trainer)
+        return out
 
     def close(self) -> None:
         for trainer in self.trainers.values():
             trainer.close()
         self._root.cleanup()
+
+
+def rank_memory(trainer: Any) -> list[dict[str, float]]:
+    """Every rank's parameter, gradient and optimizer MiB (local shards) and peak RSS."""
+    from policyopt.trainer.distributed import local_state_mb
+
+    mine = {
+        **local_state_mb(trainer.model, trainer.optimizer),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+    return trainer.dist.gather(mine)
 
 
 def time_policyopt(
@@ -229,7 +251,10 @@ def summarize(records: list[dict[str, float]]) -> dict[str, Any]:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    console = Console()
+    # Under torchrun (arms with train.parallel=ddp|fsdp2) every rank runs the arms; rank 0
+    # reports, step times being the slowest rank's.
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    console = Console(quiet=int(os.environ.get("RANK", "0")) > 0)
     settings = bench_settings(args)
     algos = list(dict.fromkeys(a.strip() for a in args.algos.split(",") if a.strip()))
     console.print(f"timing {', '.join(algos)} (interleaved) from {args.model} ...")
@@ -263,7 +288,8 @@ def run_bench(args: argparse.Namespace) -> int:
         },
         "time_split_s": {k: v["time_split"] for k, v in results.items() if "time_split" in v},
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "settings": {**settings, "measured_steps": args.steps},
+        "per_rank": {k: v["per_rank"] for k, v in results.items() if "per_rank" in v},
+        "settings": {**settings, "measured_steps": args.steps, "world_size": world},
     }
     base = next(iter(results))
     report["step_time_ratio_to_" + base] = {
@@ -304,6 +330,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
         report["lm_head_memory"] = head_memory_benchmark()
     text = json.dumps(report, indent=2)
+    if int(os.environ.get("RANK", "0")) > 0:
+        return 0
     if args.json_out:
         Path(args.json_out).write_text(text)
     console.print_json(text)

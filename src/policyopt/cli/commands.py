@@ -173,7 +173,8 @@ def run_train(args: argparse.Namespace) -> int:
         metrics = trainer.train()
     finally:
         trainer.close()
-    print(json.dumps({k: v for k, v in metrics.items() if not k.startswith("time/")}))
+    if trainer.dist.is_main:
+        print(json.dumps({k: v for k, v in metrics.items() if not k.startswith("time/")}))
     return 0
 
 

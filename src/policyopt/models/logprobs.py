@@ -225,9 +225,12 @@ def response_logprobs(
     chunk_size: int = 1024,
     with_entropy: bool = False,
     with_hidden: bool = False,
+    share_prompts: bool = True,
 ) -> LogProbOutput:
     """Log-probs [B, R] of the last `response_len` tokens of each row, chunked over the vocab
     head (see module docstring); works for a Hugging Face causal LM or a PEFT-wrapped one.
+    `share_prompts=False` always runs the trunk once (FSDP2 needs every rank to call each
+    layer the same number of times, whatever its rows' prompts).
 
     A policy of another kind (a Plackett–Luce ranker, `models.ranker`) computes its own
     per-action log-probs: one that defines `response_logprobs` is called with these inputs."""
@@ -244,7 +247,9 @@ def response_logprobs(
         )
     _check_plain_head(model)
     batch = input_ids.shape[0]
-    hidden = response_hidden(model, input_ids, attention_mask, response_len)  # [B, R, d]
+    hidden = response_hidden(
+        model, input_ids, attention_mask, response_len, share_prompts=share_prompts
+    )  # [B, R, d]
     logp, entropy = chunked_head_logprobs(
         hidden.reshape(batch * response_len, -1),
         input_ids[:, -response_len:].reshape(-1),
@@ -261,7 +266,12 @@ def response_logprobs(
 
 
 def response_hidden(
-    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_len: int,
+    *,
+    share_prompts: bool = True,
 ) -> torch.Tensor:
     """The final hidden states [B, R, d] that the LM head maps to the distributions of the
     last R = `response_len` tokens: those of positions P - 1 .. L - 2 (P = L - R).
@@ -272,7 +282,11 @@ def response_hidden(
     trunk = trunk_of(model)
     positions = position_ids_from_mask(attention_mask)
     prompt_len = input_ids.shape[1] - response_len
-    shared = _shared_prompt_hidden(trunk, input_ids, attention_mask, positions, prompt_len)
+    shared = (
+        _shared_prompt_hidden(trunk, input_ids, attention_mask, positions, prompt_len)
+        if share_prompts
+        else None
+    )
     if shared is not None:
         return shared
     out = trunk(

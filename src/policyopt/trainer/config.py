@@ -212,6 +212,9 @@ class TrainConfig(Section):
     log_every: int = Field(1, ge=1)
     loggers: list[Literal["jsonl", "tensorboard", "wandb", "mlflow"]] = ["jsonl", "tensorboard"]
     num_threads: int = Field(0, ge=0)
+    # Data parallelism under torchrun (docs/guides/distributed.md): "auto" is ddp when
+    # WORLD_SIZE > 1, else none; fsdp2 shards parameters, gradients and optimizer state.
+    parallel: Literal["auto", "none", "ddp", "fsdp2"] = "auto"
     progress: bool = True
     # Completions written to samples.jsonl every log step.
     log_samples: int = Field(2, ge=0)

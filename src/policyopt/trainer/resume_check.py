@@ -9,8 +9,9 @@ Keys that change how long, where, how fast or how verbosely a run goes, but not 
 trains, may differ (RESUME_SAFE_KEYS). `train.steps` and `train.max_generated_tokens` extend
 or shorten the run (`steps` also sets the lr schedule's length). The resource knobs
 (threads, micro-batch size, generation batch size, logit chunk size, vLLM memory settings,
-reward prefetch) leave
-the result mathematically the same, though not bit-identical where float sums regroup.
+reward prefetch, the data-parallel mode) leave the result mathematically the same, though
+not bit-identical where float sums regroup (a different number of ranks also samples with
+other RNG streams).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ RESUME_SAFE_KEYS = frozenset(
         "train.save_every",
         "train.keep_last",
         "train.micro_batch_size",
+        "train.parallel",
         "model.logit_chunk_size",
         "rollout.batch_size",
         "rollout.engine_options.gpu_memory_utilization",

@@ -274,17 +274,19 @@ def collect_batch(
     pad_id: int,
     times: RolloutTimes,
     score_round: Callable[[list[int], int], Scored],
+    target: int | None = None,
 ) -> tuple[Scored | None, dict[str, float]]:
-    """Generate rounds of `prompts_per_step` prompts until enough groups pass the filters.
+    """Generate rounds of `target` prompts (default `prompts_per_step`; under data
+    parallelism a rank's share) until enough groups pass the filters.
 
     `score_round` returns a round's rewards already shaped; the filters look at its
     `filter_rewards` (module docstring). Without dynamic sampling this is one round. With
     it, groups whose (shaped task) rewards are all equal are dropped and more prompts are
     sampled, for at most `max_sampling_rounds` rounds; the batch is then cut to
-    `prompts_per_step` groups (or trained as it is, if still short).
+    `target` groups (or trained as it is, if still short).
     """
     alg = config.algorithm
-    target = config.rollout.prompts_per_step
+    target = target or config.rollout.prompts_per_step
     filters = []
     if alg.dynamic_sampling:
         filters.append(GROUP_FILTERS.get("nonconstant"))

@@ -7,6 +7,7 @@ advantage estimators, losses); methods are registered parts and presets, not sub
 from __future__ import annotations
 
 import copy
+import gc
 import os
 import random
 import time
@@ -27,9 +28,20 @@ from policyopt.rewards.shaping import SHAPERS, ShapingContext
 from policyopt.rollout.base import ENGINES
 from policyopt.tasks.base import get_task
 from policyopt.trainer import checkpoint as ckpt
+from policyopt.trainer import dist_checkpoint
 from policyopt.trainer.batch import StepBatch
 from policyopt.trainer.config import Config, dump_config
 from policyopt.trainer.data import PromptSampler
+from policyopt.trainer.distributed import (
+    full_weights,
+    global_advantages,
+    rank_device,
+    rank_slice,
+    reduce_metrics,
+    setup,
+    share,
+    wrap_policy,
+)
 from policyopt.trainer.evaluate import eval_rows, evaluate
 from policyopt.trainer.metrics_log import MetricsLogger, progress_bar, read_metrics
 from policyopt.trainer.optim import build_optimizer
@@ -61,17 +73,25 @@ class Trainer:
         self.console = console or Console()
         if cfg.train.num_threads:
             torch.set_num_threads(cfg.train.num_threads)
+        # Data parallelism under torchrun (trainer.distributed); one process: rank 0 of 1.
+        self.dist = setup(cfg.train.parallel, cfg.model.device)
+        self.share = share(cfg.rollout.prompts_per_step, self.dist)
         seed_everything(cfg.train.seed)
         self.output_dir = Path(cfg.train.output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        # Which checkpoint to continue, checked against its config before anything is written.
-        self.resume_from = self._resume_point()
-        _write_atomically(self.output_dir / "config.yaml", dump_config(cfg))
+        # Which checkpoint to continue, checked against its config before anything is
+        # written; rank 0 repairs and decides, the other ranks follow.
+        self.resume_from = self.dist.broadcast(self._resume_point() if self.dist.is_main else None)
+        if self.dist.is_main:
+            _write_atomically(self.output_dir / "config.yaml", dump_config(cfg))
         self.task = get_task(cfg.task.name, **cfg.task.options)
         self.train_rows = self.task.rows("train")
         self.eval_rows = eval_rows(self.task, cfg.eval.size)
         if model is None:
-            model, tokenizer = load_policy(cfg.model, self.task)
+            device = rank_device(cfg.model.device, self.dist)
+            model, tokenizer = load_policy(
+                cfg.model.model_copy(update={"device": device}), self.task
+            )
         if cfg.model.lora.enabled:
             lora = cfg.model.lora
             model = apply_lora(
@@ -96,33 +116,48 @@ class Trainer:
             },
         )
         self.shapers = [SHAPERS.get(s.name)(**s.options) for s in cfg.reward.shapers]
+        # The reference policy is copied before wrapping (FSDP2 shards the policy in place).
+        ref_model = None
+        if cfg.algorithm.kl_coef > 0 and not cfg.model.lora.enabled:
+            ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        logp_options = {
+            "temperature": cfg.rollout.temperature,
+            "chunk_size": cfg.model.logit_chunk_size,
+        }
+        self.policy = wrap_policy(model, self.dist, **logp_options)
+        self.ref_policy = (
+            wrap_policy(ref_model, self.dist, trainable=False, **logp_options)
+            if ref_model is not None
+            else None
+        )
         params = [p for p in model.parameters() if p.requires_grad]
         updates_per_step = cfg.algorithm.ppo_epochs * cfg.algorithm.minibatches
         self.optimizer, self.scheduler = build_optimizer(
             params, cfg.optim, cfg.train.steps * updates_per_step
         )
         self.sampler = PromptSampler(len(self.train_rows), cfg.train.seed)
-        self.update_ctx = self._update_context()
+        self.update_ctx = self._update_context(ref_model)
         self.step = 0
         self.generated_tokens = 0  # over the whole run, for train.max_generated_tokens
+        # Logs, samples and plots come from rank 0 only.
         self.logger = MetricsLogger(
             self.output_dir,
-            cfg.train.loggers,
+            cfg.train.loggers if self.dist.is_main else [],
             cfg.model_dump(mode="json"),
             resume_step=ckpt.step_of(self.resume_from) if self.resume_from else 0,
         )
         self._maybe_resume()
+        if self.dist.rank and self.resume_from is None:  # each rank samples its own responses
+            seed_everything(cfg.train.seed * 1_000_003 + self.dist.rank)
 
     # ----------------------------------------------------------------- setup helpers
-    def _update_context(self) -> UpdateContext:
+    def _update_context(self, ref_model: torch.nn.Module | None) -> UpdateContext:
         cfg = self.config
-        ref_model, ref_context = None, None
-        if cfg.algorithm.kl_coef > 0:
-            if cfg.model.lora.enabled:
-                # The reference policy is the base model: the adapter switched off.
-                ref_context = lambda: disabled_adapter(self.model)  # noqa: E731
-            else:
-                ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        ref_context = None
+        if cfg.algorithm.kl_coef > 0 and cfg.model.lora.enabled:
+            # The reference policy is the base model: the adapter switched off.
+            ref_context = lambda: disabled_adapter(self.model)  # noqa: E731
+        wrapped = self.dist.active
         return UpdateContext(
             self.model,
             self.optimizer,
@@ -131,7 +166,14 @@ class Trainer:
             ref_model,
             ref_context,
             tis_cap=resolve_tis_cap(cfg.algorithm.tis_cap, self.engine.exact_logprobs),
+            dist=self.dist,
+            policy=self.policy if wrapped else None,
+            ref_policy=self.ref_policy if wrapped else None,
         )
+
+    def _policy_module(self) -> torch.nn.Module:
+        """The `PolicyForward` (unwrapped from DDP): its parameter names key the state."""
+        return getattr(self.policy, "module", self.policy)
 
     def _resume_point(self) -> Path | None:
         """The checkpoint to continue from (None: start over), once what a killed save left
@@ -173,26 +215,33 @@ class Trainer:
     def _maybe_resume(self) -> None:
         path = self.resume_from
         if path is None:
-            self._forget_logs_after(0)  # a run killed before its first checkpoint
+            if self.dist.is_main:
+                self._forget_logs_after(0)  # a run killed before its first checkpoint
             return
-        state = ckpt.load_state(path)  # refused before anything is touched if unsafe
-        ckpt.load_weights(self.model, path)
+        # The state is refused before anything is touched if unsafe.
+        state = dist_checkpoint.load(
+            self.dist,
+            path,
+            model=self.model,
+            policy=self._policy_module(),
+            optimizer=self.optimizer,
+            seed=self.config.train.seed,
+        )
         self.engine.sync_weights()  # an engine with its own copy samples from the checkpoint
-        self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self._apply_optim_config()
         self.sampler.load_state_dict(state["sampler"])
         for shaper, s in zip(self.shapers, state.get("shapers", []), strict=False):
             shaper.load_state_dict(s)
         self.task.load_state_dict(state.get("task", {}))
-        ckpt.set_rng_state(state["rng"])
         self.step = state["step"]
         self.generated_tokens = state.get("generated_tokens", 0)
         nonfinite = state.get("nonfinite", {})
         self.update_ctx.nonfinite_in_a_row = nonfinite.get("in_a_row", 0)
         self.update_ctx.nonfinite_total = nonfinite.get("total", 0)
-        self._forget_logs_after(self.step)
-        self.console.print(f"resumed from {path} at step {self.step}")
+        if self.dist.is_main:
+            self._forget_logs_after(self.step)
+            self.console.print(f"resumed from {path} at step {self.step}")
 
     def _forget_logs_after(self, step: int) -> None:
         torn = self.logger.truncate_after(step)
@@ -218,23 +267,25 @@ class Trainer:
         state = {
             "step": self.step,
             "generated_tokens": self.generated_tokens,
-            "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "sampler": self.sampler.state_dict(),
             "shapers": [s.state_dict() for s in self.shapers],
             "task": self.task.state_dict(),
-            "rng": ckpt.rng_state(),
             "nonfinite": {
                 "in_a_row": self.update_ctx.nonfinite_in_a_row,
                 "total": self.update_ctx.nonfinite_total,
             },
         }
-        return ckpt.save_checkpoint(
+        # Optimizer and RNG states are added there (sharded under FSDP2; every rank's RNG).
+        return dist_checkpoint.save(
+            self.dist,
             self.output_dir,
             self.step,
-            self.model,
-            self.tokenizer,
-            state,
+            model=self.model,
+            policy=self._policy_module(),
+            optimizer=self.optimizer,
+            tokenizer=self.tokenizer,
+            state=state,
             config_text=dump_config(self.config),
             keep_last=self.config.train.keep_last,
             save_merged=self.config.model.lora.save_merged,
@@ -246,7 +297,7 @@ class Trainer:
         cfg = self.config.train
         last = min(cfg.steps, until_step) if until_step is not None else cfg.steps
         final: dict[str, float] = {}
-        with progress_bar(self.console, cfg.progress) as bar:
+        with progress_bar(self.console, cfg.progress and self.dist.is_main) as bar:
             task_id = bar.add_task("train", total=cfg.steps, completed=self.step, status="")
             while self.step < last and not self.budget_spent():
                 metrics = self.train_step()
@@ -256,7 +307,9 @@ class Trainer:
                 if self.config.eval.every and self.step % self.config.eval.every == 0:
                     metrics.update(self.evaluate())
                 halt = self._nonfinite_halt()
-                if self.step % cfg.log_every == 0 or self.step == last or halt:
+                if self.dist.is_main and (
+                    self.step % cfg.log_every == 0 or self.step == last or halt
+                ):
                     self.logger.log(self.step, metrics)
                 if halt:
                     raise NonFiniteUpdateError(halt)
@@ -266,7 +319,7 @@ class Trainer:
                 final = metrics
         if cfg.save_every == 0 or self.step % cfg.save_every != 0:
             self.save()
-        if cfg.plot and (self.step == cfg.steps or self.budget_spent()):
+        if cfg.plot and self.dist.is_main and (self.step == cfg.steps or self.budget_spent()):
             plot_metrics(
                 read_metrics(self.logger.jsonl),
                 self.output_dir / "curves.png",
@@ -299,28 +352,34 @@ class Trainer:
         cfg = self.config
         t_start = time.perf_counter()
         times = RolloutTimes()
-        scored, stats = collect_batch(
-            next_indices=self.sampler.take,
-            config=cfg,
-            pad_id=self.pad_id,
-            times=times,
-            score_round=lambda idx, offset: self._shape_round(
-                generate_and_score(
-                    rows=self.train_rows,
-                    indices=idx,
-                    group_offset=offset,
-                    task=self.task,
-                    tokenizer=self.tokenizer,
-                    engine=self.engine,
-                    reward_fn=self.reward_fn,
-                    config=cfg,
-                    times=times,
-                )
-            ),
-        )
+        world = self.dist.world
+        with full_weights(self.policy):  # FSDP2: sample from whole layers, no collectives
+            scored, stats = collect_batch(
+                # Every rank draws the step's global prompts and keeps its share of them.
+                next_indices=lambda k: rank_slice(self.sampler.take(k * world), self.dist),
+                config=cfg,
+                pad_id=self.pad_id,
+                times=times,
+                score_round=lambda idx, offset: self._shape_round(
+                    generate_and_score(
+                        rows=self.train_rows,
+                        indices=idx,
+                        group_offset=offset,
+                        task=self.task,
+                        tokenizer=self.tokenizer,
+                        engine=self.engine,
+                        reward_fn=self.reward_fn,
+                        config=cfg,
+                        times=times,
+                    )
+                ),
+                target=self.share,
+            )
+        # Every rank updates, or none does (each update pass is a collective).
+        (ready,) = self.dist.sum(float(scored is not None))
         metrics = dict(stats)
         t_update = time.perf_counter()
-        if scored is None:
+        if ready < world:
             metrics["skipped_update"] = 1.0
         else:
             batch, batch_metrics = self._batch(scored)
@@ -328,7 +387,7 @@ class Trainer:
             metrics.update(batch_metrics)
             metrics.update(policy_update(self.update_ctx, batch))
             self.engine.sync_weights()
-            if cfg.train.log_samples:
+            if cfg.train.log_samples and self.dist.is_main:
                 self._log_samples(batch)
         t_end = time.perf_counter()
         metrics.update(
@@ -341,7 +400,7 @@ class Trainer:
                 "tokens_per_s": times.generated_tokens / max(t_end - t_start, 1e-9),
             }
         )
-        return metrics
+        return reduce_metrics(self.dist, metrics)
 
     def _shape(self, s: Scored) -> tuple[StepBatch, dict[str, float]]:
         """One round shaped and made a step batch, without group filtering."""
@@ -391,14 +450,20 @@ class Trainer:
         rewards = s.rewards
         metrics: dict[str, float] = {}
         name = cfg.algorithm.advantage
-        advantages = compute_advantages(
-            name,
-            rewards,
-            s.group_ids,
-            **gather(
-                f"advantage estimator {name!r}", ADVANTAGES.get(name), step_structure(s.rollouts)
-            ),
-            **cfg.algorithm.advantage_options,
+        wanted = gather(
+            f"advantage estimator {name!r}", ADVANTAGES.get(name), step_structure(s.rollouts)
+        )
+
+        def estimate(r: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+            return compute_advantages(name, r, g, **wanted, **cfg.algorithm.advantage_options)
+
+        # Estimators of rewards alone see the global batch (REINFORCE++'s batch std); those
+        # that read declared structure (DATPO's blocks, SRPO's distances) are per group, so
+        # per rank (a group never spans ranks).
+        advantages = (
+            estimate(rewards, s.group_ids)
+            if wanted
+            else global_advantages(self.dist, estimate, rewards, s.group_ids)
         )
         loss_mask = s.rollouts.response_mask
         if cfg.algorithm.filter_truncated:  # DAPO's overlong filtering
@@ -431,6 +496,13 @@ class Trainer:
         )
 
     def evaluate(self, samples: int | None = None) -> dict[str, float]:
+        """Evaluation on rank 0 (the others wait); under FSDP2 on whole layers."""
+        with full_weights(self.policy):
+            result = self._evaluate(samples) if self.dist.is_main else {}
+        self.dist.barrier()
+        return result
+
+    def _evaluate(self, samples: int | None) -> dict[str, float]:
         cfg = self.config
         with torch.no_grad():
             return evaluate(
@@ -448,6 +520,11 @@ class Trainer:
     def close(self) -> None:
         self.logger.close()
         self.reward_fn.close()
+        if self.dist.active and torch.distributed.is_initialized():
+            # Wrappers (DDP's reducer) must go before their process group, or exit hangs.
+            self.policy = self.ref_policy = self.update_ctx = None
+            gc.collect()
+            torch.distributed.destroy_process_group()
 
 
 def _write_atomically(path: Path, text: str) -> None:

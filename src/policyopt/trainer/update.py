@@ -2,6 +2,10 @@
 
 Normalisers (token and sequence counts) are those of the whole minibatch, so the summed
 micro-batch losses and gradients equal one pass over the minibatch (see core.aggregation).
+Under data parallelism (trainer.distributed) the minibatch is the union of every rank's
+rows: the normalisers are summed over ranks, gradients summed by the wrapper, and every rank
+runs as many micro-batch passes as the busiest one (extra passes weigh 0), since each DDP
+or FSDP2 pass is a collective.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ import math
 import warnings
 from collections import defaultdict
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,6 +32,7 @@ from policyopt.models.logprobs import response_logprobs
 from policyopt.rollout.base import require_entropy
 from policyopt.trainer.batch import StepBatch, micro_slices, trim
 from policyopt.trainer.config import Config
+from policyopt.trainer.distributed import Dist, grad_sync, to_local_float
 from policyopt.trainer.structure import slice_structure, step_structure
 
 
@@ -47,33 +52,67 @@ class UpdateContext:
     nonfinite_total: int = 0
     # Truncated importance sampling cap C (core/tis.py); None: off.
     tis_cap: float | None = None
+    # Data parallelism: `policy` / `ref_policy` map (ids, mask, width) to log-probs through
+    # the DDP or FSDP2 wrapper (trainer.distributed.wrap_policy); None: call the models.
+    dist: Dist = field(default_factory=Dist)
+    policy: torch.nn.Module | None = None
+    ref_policy: torch.nn.Module | None = None
 
 
 class NonFiniteUpdateError(RuntimeError):
     """The loss or gradient was NaN or inf in `optim.max_nonfinite_updates` updates in a row."""
 
 
-def batch_logprobs(
-    model: torch.nn.Module, batch: StepBatch, config: Config, index: torch.Tensor
+def _logprobs(
+    wrapped: torch.nn.Module | None,
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    width: int,
+    config: Config,
 ) -> torch.Tensor:
-    """No-grad log-probs of rows `index` under `model`, padded to the batch's width [n, R]."""
+    if wrapped is not None:
+        return wrapped(ids, mask, width)
+    return response_logprobs(
+        model,
+        ids,
+        mask,
+        width,
+        temperature=config.rollout.temperature,
+        chunk_size=config.model.logit_chunk_size,
+    ).logp
+
+
+def _passes(dist: Dist, n_rows: int, size: int) -> list[tuple[slice, bool]]:
+    """(rows, counts) of each micro-batch pass: this rank's slices, then replays of its last
+    one that count for nothing, up to the number of passes of the busiest rank."""
+    slices = micro_slices(n_rows, size)
+    total = dist.max_int(len(slices))
+    return [(slices[min(k, len(slices) - 1)], k < len(slices)) for k in range(total)]
+
+
+def batch_logprobs(
+    model: torch.nn.Module,
+    batch: StepBatch,
+    config: Config,
+    index: torch.Tensor,
+    *,
+    wrapped: torch.nn.Module | None = None,
+    dist: Dist | None = None,
+) -> torch.Tensor:
+    """No-grad log-probs of rows `index` under `model` (through `wrapped` if given), padded
+    to the batch's width [n, R]."""
     r = batch.rollouts
     out = torch.zeros(len(index), r.response_ids.shape[1])
     with torch.no_grad():
-        for sl in micro_slices(len(index), config.train.micro_batch_size):
+        for sl, counts in _passes(dist or Dist(), len(index), config.train.micro_batch_size):
             rows = index[sl]
             ids, mask, width = trim(
                 r.prompt_ids[rows], r.prompt_mask[rows], r.response_ids[rows], r.response_mask[rows]
             )
-            lp = response_logprobs(
-                model,
-                ids,
-                mask,
-                width,
-                temperature=config.rollout.temperature,
-                chunk_size=config.model.logit_chunk_size,
-            ).logp
-            out[sl, :width] = lp.float()
+            lp = _logprobs(wrapped, model, ids, mask, width, config)
+            if counts:
+                out[sl, :width] = lp.float()
     return out
 
 
@@ -86,12 +125,20 @@ def policy_update(ctx: UpdateContext, batch: StepBatch) -> dict[str, float]:
     # update; with one optimizer step per batch the ratio is exactly 1 and logp.detach()
     # gives the same loss and gradient (as TRL and verl do on-policy).
     off_policy = alg.ppo_epochs > 1 or alg.minibatches > 1
-    old_logp = batch_logprobs(ctx.model, batch, cfg, everything) if off_policy else None
+    old_logp = (
+        batch_logprobs(ctx.model, batch, cfg, everything, wrapped=ctx.policy, dist=ctx.dist)
+        if off_policy
+        else None
+    )
     ref_logp = None
     if alg.kl_coef > 0:
         ref = ctx.ref_model if ctx.ref_model is not None else ctx.model
+        # A LoRA reference is the policy with its adapter off: the policy's wrapper then.
+        ref_wrapped = ctx.ref_policy if ctx.ref_model is not None else ctx.policy
         with ctx.ref_context() if ctx.ref_context is not None else nullcontext():
-            ref_logp = batch_logprobs(ref, batch, cfg, everything)
+            ref_logp = batch_logprobs(
+                ref, batch, cfg, everything, wrapped=ref_wrapped, dist=ctx.dist
+            )
     pooled = MetricPool()
     grad_norms: list[float] = []
     skipped = 0
@@ -124,7 +171,7 @@ def _minibatch_step(
     loss_mask = batch.loss_mask
     # Normalisers of the whole minibatch (core's definition: a sequence whose loss is
     # masked out entirely, e.g. by overlong filtering, is not counted).
-    tokens, seqs = global_normalisers(loss_mask[minibatch])
+    tokens, seqs = ctx.dist.sum(*global_normalisers(loss_mask[minibatch]))
     norms = {"global_tokens": tokens, "global_seqs": seqs, "max_len": cfg.rollout.max_new_tokens}
     # Declared structure the loss needs (HISPO: segment ids, rollout-time entropies).
     wanted = gather(f"policy loss {alg.loss!r}", POLICY_LOSSES.get(alg.loss), step_structure(r))
@@ -132,19 +179,14 @@ def _minibatch_step(
         require_entropy(r, f"policy loss {alg.loss!r}")
     pooled = MetricPool()
     loss_sum = 0.0
-    for sl in micro_slices(len(minibatch), cfg.train.micro_batch_size):
+    passes = _passes(ctx.dist, len(minibatch), cfg.train.micro_batch_size)
+    for k, (sl, counts) in enumerate(passes):
         rows = minibatch[sl]
         ids, mask, width = trim(
             r.prompt_ids[rows], r.prompt_mask[rows], r.response_ids[rows], r.response_mask[rows]
         )
-        logp = response_logprobs(
-            ctx.model,
-            ids,
-            mask,
-            width,
-            temperature=cfg.rollout.temperature,
-            chunk_size=cfg.model.logit_chunk_size,
-        ).logp
+        with grad_sync(ctx.policy, last=k == len(passes) - 1):
+            logp = _logprobs(ctx.policy, ctx.model, ids, mask, width, cfg)
         m = loss_mask[rows, :width]
         adv = batch.advantages[rows]
         if adv.dim() == 2:
@@ -168,11 +210,15 @@ def _minibatch_step(
             metrics["kl_ref"] = float((kl.detach() * m).sum() / m.sum().clamp(min=1))
         if tis_mean is not None:
             metrics["tis_weight_mean"] = tis_mean
+        if not counts:
+            loss = loss * 0.0  # a replay that keeps this rank in step with the collectives
         loss.backward()
-        pooled.add(metrics, float(m.sum()))
-        loss_sum += float(loss.detach())  # micro losses sum to the minibatch loss
+        if counts:
+            pooled.add(metrics, float(m.sum()))
+            loss_sum += float(loss.detach())  # micro losses sum to the minibatch loss
+    pooled = pooled.merged(ctx.dist)
     out = pooled.result()
-    out["loss"] = loss_sum
+    (out["loss"],) = ctx.dist.sum(loss_sum)  # ranks' losses sum to the global one
     return out, pooled.tokens
 
 
@@ -228,6 +274,20 @@ class MetricPool:
                 self.sums[k] += float(v) * tokens
         self.tokens += tokens
 
+    def merged(self, dist: Dist) -> MetricPool:
+        """The pool of every rank's parts (itself without data parallelism)."""
+        if not dist.active:
+            return self
+        whole = MetricPool()
+        for sums, extremes, tokens in dist.gather((dict(self.sums), self.extremes, self.tokens)):
+            for k, v in sums.items():
+                whole.sums[k] += v
+            for k, v in extremes.items():
+                pick = min if k.endswith("_min") else max
+                whole.extremes[k] = pick(whole.extremes.get(k, v), v)
+            whole.tokens += tokens
+        return whole
+
     def result(self) -> dict[str, float]:
         out = {k: v / max(self.tokens, 1.0) for k, v in self.sums.items()}
         out.update(self.extremes)
@@ -242,7 +302,9 @@ def _optimizer_step(ctx: UpdateContext, loss_finite: bool) -> tuple[float, bool]
     it, and is counted in `ctx`. The lr schedule advances either way: it counts updates."""
     params = [p for p in ctx.model.parameters() if p.requires_grad]
     max_norm = ctx.config.optim.max_grad_norm
-    norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf")))
+    norm = to_local_float(
+        torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
+    )
     stepped = loss_finite and math.isfinite(norm)
     if stepped:
         ctx.optimizer.step()
