@@ -12,6 +12,7 @@ from policyopt.tasks.hf_dataset import HFDatasetTask
 from policyopt.tasks.ltr_synthetic import SyntheticLTRTask  # noqa: E402  (after ranking)
 from policyopt.tasks.math_task import MathTask
 from policyopt.tasks.ranking import LetorTask, MSLRTask, RankingTask
+from policyopt.tasks.rerank import RerankTask  # noqa: F401  (registers `rerank`)
 from policyopt.tasks.skilldoc import task as _skilldoc  # noqa: F401  (registers `dmrl_skill`)
 
 __all__ = [
