@@ -69,3 +69,16 @@ def test_ab_test_labels_and_maturity():
     assert without.pop_values is None
     # the same users and counts whether or not the truth is computed
     np.testing.assert_array_equal(without.arms[1].pop_counts, e.arms[1].pop_counts)
+
+
+def test_true_effect_is_causal_over_all_users():
+    platform = AdPlatform(seed=1, users_per_arm=80)
+    control, treatment = AdParams(), AdParams(ad_load=0.25, frequency_cap=2.0)
+    assert platform.ab_test(3, 0, control, control, truth=True).effect == 0.0  # A/A
+    e = platform.ab_test(3, 0, control, treatment, truth=True)
+    _, users, _ = platform.traffic(3)  # the experiment's 160 users, both halves
+    brute = (
+        run(users, platform.ads, treatment).value.mean()
+        - run(users, platform.ads, control).value.mean()
+    )
+    assert e.effect == pytest.approx(brute)

@@ -54,7 +54,9 @@ def cached_lrp(options: dict[str, Any], out: Path) -> dict[str, float]:
     """`train_and_evaluate_lrp`, cached (atomically) per setting under the policyopt cache:
     the ablation's methods share one seed's LRP, as they share its SFT warm start."""
     keys = ("seed", "users_per_arm", "history", "lrp")
-    payload = json.dumps({k: options.get(k) for k in keys}, sort_keys=True, default=str)
+    # "labels": version of the simulator's truth (2: causal effect over all users)
+    values = {"labels": 2, **{k: options.get(k) for k in keys}}
+    payload = json.dumps(values, sort_keys=True, default=str)
     cached = cache_dir() / "dmrl_lrp" / hashlib.sha256(payload.encode()).hexdigest()[:16]
     if not (cached / "metrics.json").exists():
         tmp = cached.parent / f".tmp-{cached.name}-{os.getpid()}"

@@ -48,7 +48,7 @@ class Samples:
     arm: Tensor  # [S] long
     experiment: Tensor  # [S] long, index into the experiment list
     start_day: Tensor  # [S] long
-    weight: Tensor  # [S] the population's share of its arm's users
+    weight: Tensor  # [S] the population's share of the experiment's users
     y: Tensor  # [S] true 7-day value per user (nan when unknown)
 
 
@@ -76,14 +76,14 @@ def build_samples(experiments: list[Experiment]) -> Samples:
         agn.append(a)
         spe.append(s)
         ys.append(y)
-        for ai, arm_signals in enumerate(e.arms):
-            counts = arm_signals.pop_counts
+        shares = e.weights()
+        for ai in range(2):
             for p in range(POPS):
                 pop.append(p)
                 arm.append(ai)
                 exp.append(k)
                 day.append(e.start_day)
-                w.append(counts[p] / counts.sum())
+                w.append(shares[p])
     f = torch.float32
     return Samples(
         x_agn=torch.tensor(np.concatenate(agn), dtype=f),

@@ -13,7 +13,8 @@ both arms' 7-day value per user:
 The LRP's memory bank holds the offline history's matured experiments and, as days pass,
 the environment's deployed experiments once matured (never one from the future: the
 bank's `visible` rule). After scoring, the environment deploys the candidate with the best
-predicted lift R_i / R0_i − 1 if it is positive (`SkillEnv.deploy`): one day per call.
+predicted lift R_i / R0_i − 1 if it exceeds the environment's `deploy_margin`
+(`SkillEnv.deploy`): one day per call.
 """
 
 from __future__ import annotations

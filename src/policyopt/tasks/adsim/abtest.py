@@ -8,9 +8,11 @@ the arms, and runs each arm's configuration. What it returns:
   SIGNALS = (items, impressions, clicks, conversions, revenue), from Poisson counts around the
   simulator's expectations (finite traffic); and the within-day trajectory per slot of
   (items, clicks, revenue) per user;
-- with `truth=True`, the true 7-day value per user of each arm and population (the
-  simulator's expectation): the evaluation target, and the "matured" label of an experiment
-  once 7 days have passed since it started (`matured_day = start_day + 7`).
+- with `truth=True`, the true 7-day value per user of each arm's configuration and each
+  population, over ALL the experiment's users (both halves: the simulator can run the
+  counterfactual), so that treatment − control is the causal effect, free of the noise of
+  which users fell in which half. It is the evaluation target, and the "matured" label of
+  an experiment once 7 days have passed since it started (`matured_day = start_day + 7`).
 """
 
 from __future__ import annotations
@@ -51,21 +53,24 @@ class Experiment:
     treatment: AdParams
     shares: np.ndarray  # [4] population shares of the experiment's traffic
     arms: tuple[ArmSignals, ArmSignals]  # (control, treatment)
-    # True 7-day value per user by arm and population [2, 4]; None until computed.
+    # True 7-day value per user of each arm's configuration by population, over all the
+    # experiment's users [2, 4]; None when run without truth.
     pop_values: np.ndarray | None = None
 
     @property
     def matured_day(self) -> int:
         return self.start_day + HORIZON
 
+    def weights(self) -> np.ndarray:
+        """Population shares of all the experiment's users [4]."""
+        counts = self.arms[0].pop_counts + self.arms[1].pop_counts
+        return counts / counts.sum()
+
     def arm_values(self) -> np.ndarray:
-        """True 7-day value per user of (control, treatment) [2] (user-weighted)."""
+        """True 7-day value per user of (control, treatment) configurations [2], over all
+        the experiment's users."""
         assert self.pop_values is not None, "experiment run without truth"
-        out = []
-        for a, arm in enumerate(self.arms):
-            w = arm.pop_counts / arm.pop_counts.sum()
-            out.append(float(w @ self.pop_values[a]))
-        return np.array(out)
+        return self.pop_values @ self.weights()
 
     @property
     def effect(self) -> float:
@@ -110,14 +115,12 @@ class AdPlatform:
         halves = (users.take(order[: self.users_per_arm]), users.take(order[self.users_per_arm :]))
         arms, values = [], []
         for arm_users, params in zip(halves, (control, treatment), strict=True):
-            if truth:
-                result = run(arm_users, self.ads, params, HORIZON)
-                day1, per_user = result.day1, result.value
-                values.append(_by_pop(per_user[:, None], arm_users.population)[:, 0])
-            else:
-                n = len(arm_users)
-                day1 = simulate_day(arm_users, self.ads, params, np.zeros(n), np.zeros(n))
+            n = len(arm_users)
+            day1 = simulate_day(arm_users, self.ads, params, np.zeros(n), np.zeros(n))
             arms.append(observe(day1, arm_users.population, rng))
+            if truth:  # the configuration on every user of the experiment (counterfactual)
+                per_user = run(users, self.ads, params, HORIZON).value
+                values.append(_by_pop(per_user[:, None], users.population)[:, 0])
         return Experiment(
             id=experiment_id,
             start_day=start_day,

@@ -5,7 +5,7 @@ derives from it (the A/B tests' control), the day, and the recent A/B outcomes t
 sees in its prompt. One training step is one day: the G candidate edits of each prompt are
 A/B-tested against the deployed configuration (day-1 signals only), the reward function
 scores them, and `deploy` makes the candidate with the best predicted long-term lift the new
-control if that lift is positive. The deployed experiment's true 7-day label is computed
+control if that lift exceeds `deploy_margin` (0.5%). The deployed experiment's true 7-day label is computed
 (it matures `HORIZON` days later, when it may enter the LRP's memory bank).
 
 Environments are kept in `LIVE_ENVIRONMENTS` under a key that the task's rows carry (column
@@ -48,6 +48,9 @@ class SkillEnv:
     lrp_path: str | None = None
     risk_weights: dict[str, dict[str, float]] = field(default_factory=dict)
     eta: float = 0.5
+    # Deploy only a predicted lift above this: the best of G noisy predictions overstates
+    # its lift (winner's curse); a margin keeps the control from drifting on noise.
+    deploy_margin: float = 0.005
 
     @property
     def control(self) -> AdParams:
@@ -71,8 +74,9 @@ class SkillEnv:
         )
 
     def deploy(self, edit: Edit | None, lift: float, index: int) -> bool:
-        """End the day: deploy `edit` if its predicted lift is positive; True if deployed."""
-        deployed = edit is not None and lift > 0
+        """End the day: deploy `edit` if its predicted lift exceeds `deploy_margin`; True if
+        deployed."""
+        deployed = edit is not None and lift > self.deploy_margin
         if deployed:
             assert edit is not None
             new = self.document.apply(edit)

@@ -42,6 +42,7 @@ class SkillDocTask(Task):
         risk_weights: dict[str, dict[str, float]] | None = None,
         eta: float = 0.5,
         eval_users: int = 1000,
+        deploy_margin: float = 0.005,
         history: int = 400,
         lrp: dict[str, Any] | None = None,
     ) -> None:
@@ -61,6 +62,7 @@ class SkillDocTask(Task):
             lrp_path=lrp_path,
             risk_weights=self.risk_weights,
             eta=eta,
+            deploy_margin=deploy_margin,
         )
         self.env_key = f"dmrl-{id(self)}"
         LIVE_ENVIRONMENTS[self.env_key] = self.env
