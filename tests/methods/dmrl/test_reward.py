@@ -100,3 +100,10 @@ def test_verify_is_the_true_relative_lift(lrp_dir):
     lift = task.verify("replace ads 1: keep ad load low", row)
     new = task.env.document.apply(parse_edit("replace ads 1: keep ad load low", task.env.document))
     assert lift == pytest.approx(task.value(new) / task.value(task.env.document) - 1)
+
+
+def test_scripted_deployment_loop_runs(lrp_dir):
+    from policyopt.recipes.dmrl_scripted import climb
+
+    rows = climb(str(lrp_dir), seed=0, days=2, edits=4)
+    assert rows[-1][0] == 2 and 0 <= rows[-1][2] <= 2
