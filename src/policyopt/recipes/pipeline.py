@@ -64,6 +64,9 @@ def warm_started_policy(config: Config, console: Console) -> tuple[Any, Any, dic
     cached (atomically) under the policyopt cache folder."""
     cfg = config
     if cfg.sft.steps == 0:
+        # A ranking policy is initialised at random here: from the run's seed, not from
+        # whatever an earlier run in this process (compare) left in the global RNG.
+        seed_everything(cfg.train.seed)
         model, tok = load_policy(cfg.model, get_task(cfg.task.name, **cfg.task.options))
         return model, tok, {}
     cached = cache_dir() / "sft" / sft_cache_key(cfg)
