@@ -100,7 +100,7 @@ def main() -> int:
             "seconds": dt,
             "tokens_per_s": r.generated_tokens / dt,
         }
-        report["checks"]["logprob_max_abs_diff_vs_trainer"] = logprob_gap(
+        report["checks"]["logprob_abs_diff_vs_trainer"] = logprob_gap(
             trainer, r.select(torch.arange(min(16, len(r))))
         )
 
@@ -129,12 +129,13 @@ def main() -> int:
         gen_s = sum(s["time/generation"] for s in steps)
         report["grpo"]["sampling_tokens_per_s"] = sum(s["generated_tokens"] for s in steps) / gen_s
         r = engine.generate([prompt] * 16, SamplingParams(max_new_tokens=32, temperature=1.0))
-        report["checks"]["logprob_max_abs_diff_after_updates"] = logprob_gap(trainer, r)
+        report["checks"]["logprob_abs_diff_after_updates"] = logprob_gap(trainer, r)
         trainer.close()
     report["total_s"] = time.perf_counter() - t0
-    # bf16 sampling against a float32 trainer: differences of ~0.1 nat on some tokens are
-    # expected (that is what TIS corrects); a wrong weight sync gives whole nats.
-    ok = report["checks"]["logprob_max_abs_diff_after_updates"] < 1.0 and all(
+    # bf16 sampling against a float32 trainer: differences of a few hundredths of a nat on
+    # average are expected (that is what TIS corrects); a weight sync that failed gives
+    # differences of the order of the update, a wrong model whole nats.
+    ok = report["checks"]["logprob_abs_diff_after_updates"]["mean"] < 0.1 and all(
         s["generated_tokens"] > 0 for s in steps
     )
     report["ok"] = ok
@@ -143,8 +144,8 @@ def main() -> int:
     return 0 if ok else 1
 
 
-def logprob_gap(trainer, r) -> float:  # noqa: ANN001
-    """Largest |vLLM log-prob − trainer log-prob| over the response tokens of `r`."""
+def logprob_gap(trainer, r) -> dict[str, float]:  # noqa: ANN001
+    """Mean and largest |vLLM log-prob − trainer log-prob| over the response tokens of `r`."""
     import torch
 
     from policyopt.models.logprobs import response_logprobs
@@ -162,7 +163,8 @@ def logprob_gap(trainer, r) -> float:  # noqa: ANN001
             .cpu()
         )
     m = r.response_mask.bool()
-    return float((r.logp[m] - ref[m]).abs().max())
+    gap = (r.logp[m] - ref[m]).abs()
+    return {"mean": float(gap.mean()), "max": float(gap.max())}
 
 
 if __name__ == "__main__":
