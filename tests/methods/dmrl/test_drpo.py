@@ -8,6 +8,7 @@ import torch
 
 from policyopt.core import compute_advantages
 from policyopt.core.advantages import ADVANTAGES
+from policyopt.methods.dmrl import drpo  # noqa: F401  (registers "drpo")
 
 
 def numpy_drpo(r, g, r0, c, alpha, lam, delta, robust=True):
@@ -134,3 +135,14 @@ def test_drpo_declares_and_requires_its_structure():
             control_rewards=torch.ones(2),
             edit_costs=torch.zeros(3),
         )
+
+
+def test_numeric_options_from_yaml_strings():
+    # PyYAML reads "1e-6" as a string: the option is still a number, or a clear error.
+    args = ("drpo", torch.tensor([1.0, 2.0]), torch.zeros(2, dtype=torch.long))
+    kw = {"control_rewards": torch.ones(2), "edit_costs": torch.zeros(2)}
+    a = compute_advantages(*args, **kw, delta="1e-6")
+    b = compute_advantages(*args, **kw, delta=1e-6)
+    torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="option alpha must be a number, got 'x'"):
+        compute_advantages(*args, **kw, alpha="x")

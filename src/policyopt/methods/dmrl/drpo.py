@@ -77,6 +77,15 @@ def _as_vector(name: str, value: Tensor | None, like: Tensor) -> Tensor:
     return value
 
 
+def _as_float(name: str, value: object) -> float:
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"advantage 'drpo': option {name} must be a number, got {value!r}"
+        ) from None
+
+
 @ADVANTAGES.register("drpo")
 @needs("control_rewards", "edit_costs")
 def drpo_advantages(
@@ -91,6 +100,11 @@ def drpo_advantages(
     robust: bool = True,
 ) -> Tensor:
     """DRPO advantages [N] (module docstring); control_rewards and edit_costs are [N]."""
+    # Options may arrive as strings from YAML (PyYAML reads `1e-6` as a string).
+    alpha, lambda_edit, delta = (
+        _as_float(k, v)
+        for k, v in (("alpha", alpha), ("lambda_edit", lambda_edit), ("delta", delta))
+    )
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"advantage 'drpo': alpha must be in [0, 1], got {alpha}")
     r0 = _as_vector("control_rewards", control_rewards, rewards)
