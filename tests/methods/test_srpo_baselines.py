@@ -42,7 +42,8 @@ def test_lambdarank_without_lightgbm_is_none(monkeypatch):
 
 def test_listwise_softmax_beats_random():
     task = get_task("ltr_synthetic", **SMALL)
-    assert listwise_softmax_ndcg(task, 10, steps=60) > random_ndcg(task) + 0.2
+    # 15 Adam steps at lr 0.01 reach 0.84 here (random: 0.37); kept short for CI time.
+    assert listwise_softmax_ndcg(task, 10, steps=15, lr=1e-2) > random_ndcg(task) + 0.2
 
 
 def test_quickstart_srpo_writes_ranking_summary(tmp_path, capsys):
