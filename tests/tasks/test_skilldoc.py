@@ -86,3 +86,34 @@ def test_scripted_edits_round_trip_and_stay_in_range():
         p = agent(doc)
         for name, (lo, hi) in RANGES.items():
             assert lo <= getattr(p, name) <= hi
+
+
+def test_live_environment_state_survives_a_checkpoint(tmp_path):
+    """A resumed DMRL run continues the same environment: deployed document, day, recent
+    outcomes and the deployed experiments (the LRP's memory bank), from plain data that
+    `torch.load(weights_only=True)` accepts."""
+    import torch
+
+    from policyopt.tasks.skilldoc.task import SkillDocTask
+
+    def run_days(task, days):
+        env = task.env
+        for day in range(days):
+            edit = scripted_edit(env.document, np.random.default_rng(day))
+            env.deploy(edit, lift=0.01 * (day % 2), index=day)
+
+    first = SkillDocTask(seed=3, users_per_arm=40, eval_users=50)
+    run_days(first, 3)
+    torch.save(first.state_dict(), tmp_path / "state.pt")
+    state = torch.load(tmp_path / "state.pt", weights_only=True)
+
+    resumed = SkillDocTask(seed=3, users_per_arm=40, eval_users=50)
+    resumed.load_state_dict(state)
+    a, b = first.env, resumed.env
+    assert b.document == a.document and b.day == a.day == 3
+    assert b.recent == a.recent and b.deployed_days == a.deployed_days
+    assert [e.id for e in b.experiments] == [e.id for e in a.experiments]
+    for x, y in zip(a.experiments, b.experiments, strict=True):
+        np.testing.assert_array_equal(x.pop_values, y.pop_values)
+        assert x.control == y.control and x.treatment == y.treatment
+    assert resumed.format_prompt({"prompt": "live"}) == first.format_prompt({"prompt": "live"})

@@ -125,3 +125,18 @@ def parse_edit(text: str, doc: SkillDocument) -> Edit | None:
     ):
         return None
     return Edit(section, action, index, content)
+
+
+def parse_document(text: str) -> SkillDocument:
+    """The inverse of `SkillDocument.render`."""
+    sections: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith("[") and line.endswith("]"):
+            current = line[1:-1]
+            sections[current] = []
+        elif current is not None and ". " in line:
+            sections[current].append(line.split(". ", 1)[1])
+        else:
+            raise ValueError(f"skill document: cannot read line {line!r}")
+    return SkillDocument.from_dict(sections)

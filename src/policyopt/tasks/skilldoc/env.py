@@ -16,10 +16,11 @@ prompts came from.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from policyopt.tasks.adsim.abtest import AdPlatform, Experiment
 from policyopt.tasks.adsim.params import AdParams
-from policyopt.tasks.skilldoc.document import Edit, SkillDocument
+from policyopt.tasks.skilldoc.document import Edit, SkillDocument, parse_document
 from policyopt.tasks.skilldoc.rule_agent import LowerAgent, RuleAgent
 from policyopt.tasks.skilldoc.scripted import START_DOCUMENT
 
@@ -44,6 +45,9 @@ class SkillEnv:
     recent_k: int = 1
     experiments: list[Experiment] = field(default_factory=list)  # deployed, with labels
     deployed_days: list[int] = field(default_factory=list)
+    # Each deployment as (day, candidate index, document before, document after): enough to
+    # recompute `experiments` on resume (an A/B test is a function of its id and configs).
+    deployments: list[tuple[int, int, str, str]] = field(default_factory=list)
     # What the reward function needs to score edits (set by the task from its options).
     lrp_path: str | None = None
     risk_weights: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -80,6 +84,7 @@ class SkillEnv:
         if deployed:
             assert edit is not None
             new = self.document.apply(edit)
+            self.deployments.append((self.day, index, self.document.render(), new.render()))
             # the accepted experiment, re-run with its true label for the memory bank
             self.experiments.append(self.ab_test(new, index, truth=True))
             self.document = new
@@ -88,6 +93,29 @@ class SkillEnv:
             self.recent = [*self.recent, Outcome(edit.text(), lift)][-self.recent_k :]
         self.day += 1
         return deployed
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain data (checkpoints load with `weights_only=True`): documents as text, the
+        deployed experiments as the deployments that recompute them."""
+        return {
+            "document": self.document.render(),
+            "day": self.day,
+            "recent": [[o.edit, o.lift] for o in self.recent],
+            "deployments": [list(d) for d in self.deployments],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.experiments, self.deployed_days, self.deployments = [], [], []
+        for day, index, before, after in state["deployments"]:
+            # Re-run the deployed A/B test on its day, with the control of that day.
+            self.day, self.document = int(day), parse_document(before)
+            new = parse_document(after)
+            self.experiments.append(self.ab_test(new, int(index), truth=True))
+            self.deployed_days.append(int(day))
+            self.deployments.append((int(day), int(index), before, after))
+        self.document = parse_document(state["document"])
+        self.day = int(state["day"])
+        self.recent = [Outcome(str(edit), float(lift)) for edit, lift in state["recent"]]
 
 
 def render_prompt(doc: SkillDocument, recent: list[Outcome]) -> str:

@@ -21,7 +21,7 @@ import numpy as np
 
 from policyopt.tasks.adsim.abtest import AdPlatform
 from policyopt.tasks.base import TASKS, Task
-from policyopt.tasks.skilldoc.document import SkillDocument, parse_edit
+from policyopt.tasks.skilldoc.document import SkillDocument, parse_document, parse_edit
 from policyopt.tasks.skilldoc.env import LIVE_ENVIRONMENTS, Outcome, SkillEnv, render_prompt
 from policyopt.tasks.skilldoc.scripted import random_document, scripted_edit
 
@@ -90,6 +90,13 @@ class SkillDocTask(Task):
             {"prompt": prompts, "env_key": [self.env_key] * n, "doc": docs, "solution": solutions}
         )
 
+    def state_dict(self) -> dict[str, Any]:
+        """The live environment's state, so that a resumed run continues the same days."""
+        return self.env.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.env.load_state_dict(state)
+
     def format_prompt(self, row: dict[str, Any]) -> str:
         return self.env.prompt() if row["prompt"] == "live" else str(row["prompt"])
 
@@ -110,21 +117,6 @@ class SkillDocTask(Task):
         if edit is None:
             return None
         return self.value(doc.apply(edit)) / self.value(doc) - 1.0
-
-
-def parse_document(text: str) -> SkillDocument:
-    """The inverse of `SkillDocument.render`."""
-    sections: dict[str, list[str]] = {}
-    current = None
-    for line in text.splitlines():
-        if line.startswith("[") and line.endswith("]"):
-            current = line[1:-1]
-            sections[current] = []
-        elif current is not None and ". " in line:
-            sections[current].append(line.split(". ", 1)[1])
-        else:
-            raise ValueError(f"skill document: cannot read line {line!r}")
-    return SkillDocument.from_dict(sections)
 
 
 @TASKS.register("dmrl_skill")
