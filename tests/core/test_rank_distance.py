@@ -8,7 +8,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policyopt.core.rank_distance import complete_rankings, position_weights
+from policyopt.core.rank_distance import (
+    complete_rankings,
+    grouped_kendall_distances,
+    pair_embedding,
+    position_weights,
+    top_pair_embedding,
+)
 from policyopt.methods.srpo import kendall_distances
 
 
@@ -68,6 +74,23 @@ def test_top_matches_per_pair_loop_full_and_cut():
         a, b = r[i].tolist(), r[j].tolist()
         assert float(d[i, j]) == pytest.approx(top_loop(a, b), rel=1e-5)
         assert float(dk[i, j]) == pytest.approx(top_loop(a, b, k=3), rel=1e-5, abs=1e-7)
+
+
+@pytest.mark.parametrize("weighting", ["top", "uniform"])
+@pytest.mark.parametrize("k", [None, 1, 3, 10, 50])
+@pytest.mark.parametrize("n", [1, 2, 5, 12, 40])
+def test_fast_embedding_equals_the_all_pairs_one(n, k, weighting):
+    # The fast path (top-k position pairs, one scatter) against the reference embedding over
+    # all n(n-1)/2 item pairs: identical entries, hence identical distances.
+    r = perms(n, 24, n)
+    w = position_weights(n, weighting, k)
+    assert torch.equal(top_pair_embedding(r, w, k), pair_embedding(r, w))
+    if n > 1:
+        phi = pair_embedding(r, w).view(3, 8, -1)
+        ref = 0.5 * torch.cdist(phi, phi, p=1)
+        ends = pair_embedding(torch.stack([torch.arange(n), torch.arange(n).flip(0)]), w)
+        ref = (ref / (0.5 * (ends[0] - ends[1]).abs().sum())).float()
+        assert torch.equal(grouped_kendall_distances(r.view(3, 8, n), weighting, k=k), ref)
 
 
 def test_normalised_reverse_is_one_for_any_ranking():

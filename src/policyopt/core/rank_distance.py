@@ -116,16 +116,50 @@ def grouped_kendall_distances(
     """`kendall_distances` of B groups at once: rankings [B, G, n] -> [B, G, G] (rows are
     assumed to be permutations; `kendall_distances` checks them)."""
     b, g, n = rankings.shape
-    weights = position_weights(n, weighting, k)
     if n < 2:
         return torch.zeros(b, g, g)
-    phi = pair_embedding(rankings.reshape(b * g, n), weights).view(b, g, -1)
+    weights = position_weights(n, weighting, k)
+    phi = top_pair_embedding(rankings.reshape(b * g, n), weights, k).view(b, g, -1)
     dist = 0.5 * torch.cdist(phi, phi, p=1)
     if normalize:
-        ends = torch.stack([torch.arange(n), torch.arange(n - 1, -1, -1)]).to(rankings.device)
-        e = pair_embedding(ends, weights)
-        dist = dist / (0.5 * (e[0] - e[1]).abs().sum())
+        dist = dist / _reverse_distance(n, weighting, k)
     return dist.float()
+
+
+@functools.lru_cache(maxsize=64)
+def _reverse_distance(n: int, weighting: str, k: int | None) -> float:
+    """d(σ, reverse σ), the normaliser (the same for every σ)."""
+    ends = torch.stack([torch.arange(n), torch.arange(n - 1, -1, -1)])
+    e = pair_embedding(ends, position_weights(n, weighting, k))
+    return float(0.5 * (e[0] - e[1]).abs().sum())
+
+
+@functools.lru_cache(maxsize=64)
+def _position_pairs(n: int, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Position pairs p < q with p < k (the only ones whose weight w(p) can be nonzero), and
+    the triu index of each item pair (a, b), a < b, as a flat [n * n] table."""
+    p, q = torch.triu_indices(n, n, offset=1)
+    keep = p < k
+    table = torch.zeros(n, n, dtype=torch.long)
+    a, b = _pairs(n)
+    table[a, b] = torch.arange(a.numel())
+    return p[keep], q[keep], table.view(-1)
+
+
+def top_pair_embedding(rankings: Tensor, weights: Tensor, k: int | None = None) -> Tensor:
+    """`pair_embedding`, equal to it entry for entry, computed from the top k positions only.
+
+    Φ_ab is nonzero only for pairs whose better position p is < k (w(p) = 0 beyond the
+    cutoff), so instead of all n(n−1)/2 item pairs it visits the position pairs (p, q),
+    p < q, p < k: the items σ_p above σ_q, entry Φ_{min, max} = ±w(p), + when σ_p < σ_q."""
+    r, n = rankings.shape
+    p, q, table = (x.to(rankings.device) for x in _position_pairs(n, min(k or n, n)))
+    upper, lower = rankings[:, p], rankings[:, q]
+    slot = table[torch.minimum(upper, lower) * n + torch.maximum(upper, lower)]
+    w = weights.to(rankings.device)[p]
+    signed = torch.where(upper < lower, w, -w)
+    phi = torch.zeros(r, n * (n - 1) // 2, dtype=weights.dtype, device=rankings.device)
+    return phi.scatter_(1, slot, signed)
 
 
 def complete_rankings(top: Tensor, n: int) -> Tensor:
