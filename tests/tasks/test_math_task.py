@@ -77,3 +77,11 @@ def test_works_off_the_main_thread(task):
 def test_bad_timeout(task):
     with pytest.raises(ValueError, match="timeout_seconds"):
         MathTask("unused.jsonl", timeout_seconds=0)
+
+
+def test_boxed_format_reward_checks_for_a_closed_box() -> None:
+    from policyopt.rewards.functions import load_reward_function
+
+    fn = load_reward_function("boxed_format")
+    completions = ["so \\boxed{12}", "\\boxed{\\frac{1}{2}} done", "\\boxed{12", "12", ""]
+    assert fn([""] * 5, completions) == [1.0, 1.0, 0.0, 0.0, 0.0]

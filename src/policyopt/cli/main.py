@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from policyopt.cli import bench, commands, compare, data
+    from policyopt.cli import bench, commands, compare, config_reference, data
 
     parser = argparse.ArgumentParser(
         prog="policyopt",
@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_compare(sub)
     bench.add_bench(sub)
     data.add_data(sub)
+    config_reference.add_config_reference(sub)
     return parser
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from math_verify import parse, verify
 
+from policyopt.rewards.functions import REWARD_FUNCTIONS
 from policyopt.tasks.base import TASKS
 from policyopt.tasks.hf_dataset import HFDatasetTask
 
@@ -55,6 +56,13 @@ def _parse_gold(gold: str, timeout: int | None) -> list:
     if not parsed:
         raise ValueError(f"math task: cannot parse the gold answer {gold!r}")
     return parsed
+
+
+@REWARD_FUNCTIONS.register("boxed_format")
+def boxed_format_reward(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
+    """1.0 if the completion has a `\\boxed{...}` whose braces close, else 0.0: a format
+    reward to add beside the `math` verifier (which scores an answer without a box None)."""
+    return [0.0 if last_boxed(c) is None else 1.0 for c in completions]
 
 
 @TASKS.register("math")
