@@ -137,6 +137,7 @@ def test_doc_block_runs(
         path.write_text(block.text)
         if block.lang == "yaml":
             monkeypatch.chdir(work)
+            monkeypatch.syspath_prepend(str(work))  # reward functions written by earlier blocks
             load_config(path)
         return
     if block.lang == "yaml":

@@ -9,6 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from policyopt.methods.hispo import build_segments, ema_forward, hispo_segments, row_quantile
+from policyopt.models.loading import load_model
 from policyopt.models.lora import disabled_adapter
 from policyopt.recipes import recipe_dict
 from policyopt.rollout.base import Rollouts
@@ -277,3 +278,6 @@ def test_lora_rank1_with_kl_and_merged_checkpoint(tmp_path):
         ours = merged(input_ids=ids).logits
     torch.testing.assert_close(ours, adapted, rtol=1e-4, atol=1e-5)
     assert not torch.allclose(adapted, base, atol=1e-6)  # the adapter did change the policy
+    # The merged folder is a whole model: `policyopt eval --model .../merged` loads it.
+    reloaded, tok = load_model(str(merged_dir))
+    assert tok.encode("12+34=46") == trainer.tokenizer.encode("12+34=46")

@@ -127,6 +127,8 @@ def save_checkpoint(
             # Merge a copy: merging in place would end LoRA training.
             merged = copy.deepcopy(model).merge_and_unload()
             merged.save_pretrained(folder / "merged", safe_serialization=True)
+            if tokenizer is not None:  # a whole model: loadable on its own (`eval --model`)
+                tokenizer.save_pretrained(folder / "merged")
         if config_text is not None:
             (folder / CONFIG_FILE).write_text(config_text)
         save_state(folder, state)
