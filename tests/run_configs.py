@@ -24,3 +24,20 @@ def small_overrides(output_dir: Path, steps: int = 4) -> list[str]:
         "eval.size=8",
         "task.options={train_size: 200, eval_size: 20}",
     ]
+
+
+def scored_round(trainer, indices: list[int]):  # noqa: ANN201
+    """One generation round of the trainer on training rows `indices`, scored."""
+    from policyopt.trainer.rollout_phase import RolloutTimes, generate_and_score
+
+    return generate_and_score(
+        rows=trainer.train_rows,
+        indices=indices,
+        group_offset=0,
+        task=trainer.task,
+        tokenizer=trainer.tokenizer,
+        engine=trainer.engine,
+        reward_fn=trainer.reward_fn,
+        config=trainer.config,
+        times=RolloutTimes(),
+    )

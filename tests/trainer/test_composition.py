@@ -10,27 +10,11 @@ import torch
 from policyopt.rewards import overlong_penalty
 from policyopt.trainer.config import ConfigError, load_config
 from policyopt.trainer.trainer import Trainer
-from run_configs import small_overrides
+from run_configs import scored_round, small_overrides
 
 
 def small(tmp_path, *extra, steps=1):
     return load_config(overrides=[*small_overrides(tmp_path, steps), *extra])
-
-
-def scored_round(trainer, indices):
-    from policyopt.trainer.rollout_phase import RolloutTimes, generate_and_score
-
-    return generate_and_score(
-        rows=trainer.train_rows,
-        indices=indices,
-        group_offset=0,
-        task=trainer.task,
-        tokenizer=trainer.tokenizer,
-        engine=trainer.engine,
-        reward_fn=trainer.reward_fn,
-        config=trainer.config,
-        times=RolloutTimes(),
-    )
 
 
 def digit_fraction(text):

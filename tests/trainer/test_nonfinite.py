@@ -9,6 +9,7 @@ import torch
 from policyopt.trainer import update
 from policyopt.trainer.trainer import Trainer
 from policyopt.trainer.update import NonFiniteUpdateError, policy_update
+from run_configs import scored_round
 
 
 def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -20,20 +21,8 @@ def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 
 def shaped_batch(trainer: Trainer):
-    from policyopt.trainer.rollout_phase import RolloutTimes, generate_and_score
 
-    scored = generate_and_score(
-        rows=trainer.train_rows,
-        indices=[0, 1],
-        group_offset=0,
-        task=trainer.task,
-        tokenizer=trainer.tokenizer,
-        engine=trainer.engine,
-        reward_fn=trainer.reward_fn,
-        config=trainer.config,
-        times=RolloutTimes(),
-    )
-    return trainer._shape(scored)[0]
+    return trainer._shape(scored_round(trainer, [0, 1]))[0]
 
 
 COMPUTE_POLICY_LOSS = update.compute_policy_loss

@@ -7,6 +7,7 @@ import torch
 
 from policyopt.rewards.functions import RewardFunctionError
 from policyopt.trainer.trainer import Trainer
+from run_configs import scored_round
 
 
 @pytest.mark.parametrize("algo", ["grpo", "dapo", "dr_grpo", "gspo", "rloo", "reinforce_pp"])
@@ -104,23 +105,6 @@ def test_plot_and_lora(tmp_path, small_config) -> None:
     assert (tmp_path / "curves.png").stat().st_size > 1000
     assert "kl_ref" in metrics
     assert (tmp_path / "checkpoints" / "step-00000002" / "adapter_model.safetensors").exists()
-
-
-def scored_round(trainer: Trainer, indices: list[int]):
-    """One generation round of the trainer on training rows `indices`, scored."""
-    from policyopt.trainer.rollout_phase import RolloutTimes, generate_and_score
-
-    return generate_and_score(
-        rows=trainer.train_rows,
-        indices=indices,
-        group_offset=0,
-        task=trainer.task,
-        tokenizer=trainer.tokenizer,
-        engine=trainer.engine,
-        reward_fn=trainer.reward_fn,
-        config=trainer.config,
-        times=RolloutTimes(),
-    )
 
 
 def shaped_batch(trainer: Trainer):
