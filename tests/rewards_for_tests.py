@@ -65,3 +65,12 @@ def dies_or_hangs(prompts, completions, **columns):
     if any("hang" in c for c in completions):
         time.sleep(600)
     return [float(len(c)) for c in completions]
+
+
+def digit_fraction_even_answers(prompts, completions, answer, **columns):
+    """`digit_fraction` on problems with an even answer, 0 on the others: the groups of
+    odd-answer problems are constant, so dynamic sampling drops them and samples again."""
+    return [
+        digit_fraction([p], [c])[0] if int(a) % 2 == 0 else 0.0
+        for p, c, a in zip(prompts, completions, answer, strict=True)
+    ]
