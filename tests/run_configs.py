@@ -26,18 +26,25 @@ def small_overrides(output_dir: Path, steps: int = 4) -> list[str]:
     ]
 
 
-def scored_round(trainer, indices: list[int]):  # noqa: ANN201
-    """One generation round of the trainer on training rows `indices`, scored."""
-    from policyopt.trainer.rollout_phase import RolloutTimes, generate_and_score
+def sampled_round(trainer, indices: list[int]):  # noqa: ANN201
+    """One sampling round of the trainer on training rows `indices`, through the step's own
+    stages: rollout, then score (policyopt.trainer.step)."""
+    from policyopt.trainer.step import Times, rollout, score
 
-    return generate_and_score(
-        rows=trainer.train_rows,
-        indices=indices,
-        group_offset=0,
-        task=trainer.task,
-        tokenizer=trainer.tokenizer,
-        engine=trainer.engine,
-        reward_fn=trainer.reward_fn,
-        config=trainer.config,
-        times=RolloutTimes(),
-    )
+    times = Times()
+    batch = rollout(trainer.parts, trainer.state, indices, 0, times)
+    return score(trainer.parts, batch, times)
+
+
+def shaped_round(trainer, indices: list[int]):  # noqa: ANN201
+    """`sampled_round`, then the shape stage."""
+    from policyopt.trainer.step import shape
+
+    return shape(trainer.parts, trainer.state, sampled_round(trainer, indices))
+
+
+def finished_batch(trainer, indices: list[int]):  # noqa: ANN201
+    """`shaped_round`, then the advantage stage (no group filter): what the update takes."""
+    from policyopt.trainer.step import advantage
+
+    return advantage(trainer.parts, trainer.dist, shaped_round(trainer, indices))

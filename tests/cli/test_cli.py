@@ -234,14 +234,24 @@ def test_bench_interleaving_keeps_each_method_s_samples(monkeypatch) -> None:
         "model": "tiny",
         "temperature": 1.0,
     }
+    from policyopt.trainer import step
+
     sampled: dict[str, list[str]] = {}
-    shape = Trainer._shape_round  # each sampling round is shaped (then filtered)
+    shape = step.shape  # each sampling round is shaped (then filtered)
 
-    def recording(self, scored):
-        sampled.setdefault(self.config.algorithm.name, []).extend(scored.completions)
-        return shape(self, scored)
+    def recording(parts, state, batch):
+        sampled.setdefault(current["algo"], []).extend(batch.completions)
+        return shape(parts, state, batch)
 
-    monkeypatch.setattr(Trainer, "_shape_round", recording)
+    current = {}
+    init = Trainer.__init__
+
+    def remember(self, config, **kwargs):
+        current["algo"] = config.algorithm.name
+        init(self, config, **kwargs)
+
+    monkeypatch.setattr(step, "shape", recording)
+    monkeypatch.setattr(Trainer, "__init__", remember)
     bench.time_policyopt(["grpo"], settings, 2, [])
     alone = sampled.pop("grpo")
     bench.time_policyopt(["dr_grpo", "grpo"], settings, 2, [])

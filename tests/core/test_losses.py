@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from policyopt.core import AGG_MODES, POLICY_LOSSES, compute_policy_loss, global_normalisers
+from loss_helpers import policy_loss
+from policyopt.core import AGG_MODES, POLICY_LOSSES, global_normalisers
 
 torch.set_num_threads(1)
 F64 = torch.float64
@@ -27,7 +28,7 @@ def test_ppo_clip_cases_by_hand():
     # loss = (−1.1 − 1.2 − 0.5 + 0.8 + 1.5)/5 = −0.1
     logp, old = logp_for([1.1, 1.5, 0.5, 0.5, 1.5])
     adv = torch.tensor([[1.0, 1.0, 1.0, -1.0, -1.0]], dtype=F64)
-    loss, m = compute_policy_loss("ppo_clip", logp, old, adv, torch.ones(1, 5))
+    loss, m = policy_loss("ppo_clip", logp, old, adv, torch.ones(1, 5))
     loss.backward()
     assert loss.item() == pytest.approx(-0.1)
     assert torch.allclose(logp.grad, torch.tensor([[-0.22, 0.0, -0.1, 0.0, 0.3]], dtype=F64))
@@ -46,8 +47,8 @@ def test_clip_higher_dapo():
     # ρ = 1.25, Â = +1: ε_high 0.2 caps at −1.2; DAPO's ε_high 0.28 leaves −1.25.
     logp, old = logp_for([1.25])
     adv = torch.ones(1, dtype=F64)
-    default, _ = compute_policy_loss("ppo_clip", logp, old, adv, torch.ones(1, 1))
-    dapo, _ = compute_policy_loss(
+    default, _ = policy_loss("ppo_clip", logp, old, adv, torch.ones(1, 1))
+    dapo, _ = policy_loss(
         "ppo_clip", logp, old, adv, torch.ones(1, 1), clip_low=0.2, clip_high=0.28
     )
     assert default.item() == pytest.approx(-1.2)
@@ -60,8 +61,8 @@ def test_dual_clip_caps_negative_advantage_loss():
     logp, old = logp_for([5.0, 5.0])
     adv = torch.tensor([[-1.0, 1.0]], dtype=F64)
     mask = torch.ones(1, 2)
-    plain, _ = compute_policy_loss("ppo_clip", logp, old, adv, mask)
-    dual, _ = compute_policy_loss("ppo_clip", logp, old, adv, mask, clip_ratio_c=3.0)
+    plain, _ = policy_loss("ppo_clip", logp, old, adv, mask)
+    dual, _ = policy_loss("ppo_clip", logp, old, adv, mask, clip_ratio_c=3.0)
     assert plain.item() == pytest.approx(1.9)
     assert dual.item() == pytest.approx(0.9)
 
@@ -72,8 +73,8 @@ def test_sequence_advantages_broadcast_over_tokens():
     old = logp + 0.3 * torch.randn(3, 4, generator=g, dtype=F64)
     adv = torch.tensor([1.0, -0.5, 2.0], dtype=F64)
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
-    a, _ = compute_policy_loss("ppo_clip", logp, old, adv, mask, agg="seq-mean-token-mean")
-    b, _ = compute_policy_loss(
+    a, _ = policy_loss("ppo_clip", logp, old, adv, mask, agg="seq-mean-token-mean")
+    b, _ = policy_loss(
         "ppo_clip", logp, old, adv[:, None].expand(3, 4), mask, agg="seq-mean-token-mean"
     )
     assert torch.allclose(a, b)
@@ -84,7 +85,7 @@ def test_gspo_sequence_ratio_is_geometric_mean_of_token_ratios():
     logp = torch.randn(3, 5, generator=g, dtype=F64)
     old = logp + 0.1 * torch.randn(3, 5, generator=g, dtype=F64)
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
-    _, m = compute_policy_loss("gspo", logp, old, torch.zeros(3, dtype=F64), mask)
+    _, m = policy_loss("gspo", logp, old, torch.zeros(3, dtype=F64), mask)
     # s_i = (Π_t π/π_old)^(1/T_i) computed directly from probabilities
     s = []
     for i in range(3):
@@ -110,7 +111,7 @@ def test_gspo_clipping_by_hand():
     old = torch.full((4, 3), -1.0, dtype=F64)
     logp = (old + log_ratio).requires_grad_()
     adv = torch.tensor([1.0, 1.0, -1.0, -1.0], dtype=F64)
-    loss, m = compute_policy_loss("gspo", logp, old, adv, mask)
+    loss, m = policy_loss("gspo", logp, old, adv, mask)
     loss.backward()
     s0, s3 = math.exp(2e-4), math.exp(1e-4)
     assert loss.item() == pytest.approx((-s0 - 1.0004 + 0.9997 + s3) / 4, rel=1e-12)
@@ -139,7 +140,7 @@ def test_gspo_token_variant_equals_seq_variant_for_sequence_advantages():
     results = []
     for variant in ("seq", "token"):
         x = logp.clone().requires_grad_()
-        loss, m = compute_policy_loss("gspo", x, old, adv, mask, variant=variant)
+        loss, m = policy_loss("gspo", x, old, adv, mask, variant=variant)
         (grad,) = torch.autograd.grad(loss, x)
         results.append((loss, grad, m))
     (l_seq, g_seq, m_seq), (l_tok, g_tok, m_tok) = results
@@ -156,12 +157,12 @@ def test_gspo_token_variant_per_token_advantages_by_hand():
     old = torch.zeros(1, 2, dtype=F64)
     logp = torch.tensor([[1e-4, -1e-4]], dtype=F64, requires_grad=True)
     adv = torch.tensor([[1.0, -1.0]], dtype=F64)
-    loss, _ = compute_policy_loss("gspo", logp, old, adv, torch.ones(1, 2), variant="token")
+    loss, _ = policy_loss("gspo", logp, old, adv, torch.ones(1, 2), variant="token")
     loss.backward()
     assert loss.item() == pytest.approx(0.0, abs=1e-15)
     assert torch.allclose(logp.grad, torch.tensor([[-0.5, 0.5]], dtype=F64))
     with pytest.raises(ValueError, match="need variant='token'"):
-        compute_policy_loss("gspo", logp, old, adv, torch.ones(1, 2))
+        policy_loss("gspo", logp, old, adv, torch.ones(1, 2))
 
 
 CASES = [("ppo_clip", {"agg": mode}) for mode in AGG_MODES] + [
@@ -178,16 +179,14 @@ def test_micro_batch_sum_equals_full_batch(name, opts):
     norms = {"global_tokens": tokens, "global_seqs": seqs, "max_len": 12}
 
     x = logp.clone().requires_grad_()
-    full, m = compute_policy_loss(name, x, old, adv, mask, **opts, **norms)
+    full, m = policy_loss(name, x, old, adv, mask, **opts, **norms)
     (full_grad,) = torch.autograd.grad(full, x)
     assert 0 < m["clipfrac_low"] + m["clipfrac_high"] < 1
 
     x = logp.clone().requires_grad_()
     total = torch.zeros((), dtype=F64)
     for rows in (slice(0, 3), slice(3, 6), slice(6, 8)):
-        part, _ = compute_policy_loss(
-            name, x[rows], old[rows], adv[rows], mask[rows], **opts, **norms
-        )
+        part, _ = policy_loss(name, x[rows], old[rows], adv[rows], mask[rows], **opts, **norms)
         total = total + part
     (split_grad,) = torch.autograd.grad(total, x)
 
@@ -201,7 +200,7 @@ def test_nan_padding_does_not_leak(name):
     logp, old, adv, mask = _random_batch(4)
     logp = logp.masked_fill(~mask, float("nan")).requires_grad_()
     old = old.masked_fill(~mask, float("nan"))
-    loss, m = compute_policy_loss(name, logp, old, adv, mask)
+    loss, m = policy_loss(name, logp, old, adv, mask)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
     assert (logp.grad[~mask] == 0).all()
@@ -210,7 +209,7 @@ def test_nan_padding_does_not_leak(name):
 
 def test_half_precision_inputs_give_float32_loss():
     logp, old = logp_for([1.1, 0.9])
-    loss, _ = compute_policy_loss(
+    loss, _ = policy_loss(
         "ppo_clip", logp.bfloat16(), old.bfloat16(), torch.ones(1).bfloat16(), torch.ones(1, 2)
     )
     assert loss.dtype == torch.float32
@@ -220,19 +219,19 @@ def test_errors_name_the_problem():
     logp, old = logp_for([1.0, 1.0])
     adv, mask = torch.ones(1, dtype=F64), torch.ones(1, 2)
     with pytest.raises(KeyError, match="valid names: .*gspo.*ppo_clip"):
-        compute_policy_loss("ppo", logp, old, adv, mask)
+        policy_loss("ppo", logp, old, adv, mask)
     with pytest.raises(
         TypeError, match="'eps'.*valid options: .*clip_low, clip_high, clip_ratio_c"
     ):
-        compute_policy_loss("ppo_clip", logp, old, adv, mask, eps=0.2)
+        policy_loss("ppo_clip", logp, old, adv, mask, eps=0.2)
     with pytest.raises(ValueError, match=r"advantages must have shape \[N\] = \(1,\)"):
-        compute_policy_loss("ppo_clip", logp, old, torch.ones(2), mask)
+        policy_loss("ppo_clip", logp, old, torch.ones(2), mask)
     with pytest.raises(ValueError, match="old_logp must have logp's shape"):
-        compute_policy_loss("ppo_clip", logp, old[:, :1], adv, mask)
+        policy_loss("ppo_clip", logp, old[:, :1], adv, mask)
     with pytest.raises(ValueError, match="clip_low must be in"):
-        compute_policy_loss("ppo_clip", logp, old, adv, mask, clip_low=1.5)
+        policy_loss("ppo_clip", logp, old, adv, mask, clip_low=1.5)
     with pytest.raises(ValueError, match="clip_ratio_c must be greater than 1"):
-        compute_policy_loss("ppo_clip", logp, old, adv, mask, clip_ratio_c=0.5)
+        policy_loss("ppo_clip", logp, old, adv, mask, clip_ratio_c=0.5)
     with pytest.raises(ValueError, match="gspo variant must be"):
-        compute_policy_loss("gspo", logp, old, adv, mask, variant="segment")
+        policy_loss("gspo", logp, old, adv, mask, variant="segment")
     assert set(POLICY_LOSSES.names()) >= {"ppo_clip", "gspo"}

@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from policyopt.core import POLICY_LOSSES, compute_policy_loss, global_normalisers
+from loss_helpers import policy_loss
+from policyopt.core import POLICY_LOSSES, global_normalisers
 
 torch.set_num_threads(1)
 F64 = torch.float64
@@ -53,9 +54,7 @@ def direct_loss(logp, old, adv, mask, seg, ent, clip_low, clip_high, l_min, g=No
 
 
 def hispo(logp, old, adv, mask, seg, ent, **opts):
-    return compute_policy_loss(
-        "hispo", logp, old, adv, mask, segment_ids=seg, entropies=ent, **opts
-    )
+    return policy_loss("hispo", logp, old, adv, mask, segment_ids=seg, entropies=ent, **opts)
 
 
 def test_registered():
@@ -96,7 +95,7 @@ def test_one_segment_per_response_equals_gspo():
     ours, m = hispo(x, old, adv, mask, seg, ent, min_segment_len=1, **opts)
     (g_ours,) = torch.autograd.grad(ours, x)
     x = logp.clone().requires_grad_()
-    gspo, m_gspo = compute_policy_loss("gspo", x, old, adv, mask, **opts)
+    gspo, m_gspo = policy_loss("gspo", x, old, adv, mask, **opts)
     (g_gspo,) = torch.autograd.grad(gspo, x)
     torch.testing.assert_close(ours, gspo, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(g_ours, g_gspo, rtol=1e-12, atol=1e-14)
@@ -119,7 +118,7 @@ def test_one_token_per_segment_gives_token_ratio_and_grpo():
     assert m["ratio_mean"] == pytest.approx(token_ratio.mean().item(), rel=1e-12)
     # Σ_t 1 · min(ρ_t Â/T_i, clip(ρ_t) Â/T_i) / G is GRPO's seq-mean-token-mean loss
     x = logp.clone().requires_grad_()
-    grpo, m_grpo = compute_policy_loss("ppo_clip", x, old, adv, mask, agg="seq-mean-token-mean")
+    grpo, m_grpo = policy_loss("ppo_clip", x, old, adv, mask, agg="seq-mean-token-mean")
     (g_grpo,) = torch.autograd.grad(grpo, x)
     torch.testing.assert_close(ours, grpo, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(g_ours, g_grpo, rtol=1e-12, atol=1e-14)
@@ -219,7 +218,7 @@ def test_padding_garbage_does_not_leak():
 def test_errors_name_the_problem():
     logp, old, adv, mask, seg, ent = random_case(6)
     with pytest.raises(ValueError, match="hispo_segments"):
-        compute_policy_loss("hispo", logp, old, adv, mask, entropies=ent)
+        policy_loss("hispo", logp, old, adv, mask, entropies=ent)
     with pytest.raises(ValueError, match="one advantage per response"):
         hispo(logp, old, adv[:, None].expand_as(logp), mask, seg, ent)
     with pytest.raises(ValueError, match="segment_ids must be >= 0"):

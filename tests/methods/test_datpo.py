@@ -14,6 +14,7 @@ from policyopt.methods.datpo.tree import siblings, tree_blocks
 from policyopt.recipes import recipe_dict
 from policyopt.rewards.shaping import SHAPERS, ShapingContext
 from policyopt.rollout.base import Rollouts
+from policyopt.trainer.batch import Batch
 from policyopt.trainer.config import load_config
 
 torch.set_num_threads(1)
@@ -197,18 +198,10 @@ def shaping_context(step: int, total: int) -> ShapingContext:
         entropy=torch.zeros(n, width),
         truncated=torch.zeros(n, dtype=torch.bool),
         generated_tokens=0,
-        extras={"block_ids": BLOCKS},
+        structure={"block_ids": BLOCKS},
     )
-    return ShapingContext(
-        step=step,
-        total_steps=total,
-        group_ids=GROUPS,
-        correct=REWARDS > 0.5,
-        prompts=[""] * n,
-        completions=[""] * n,
-        columns={},
-        rollouts=rollouts,
-    )
+    round_ = Batch(rollouts, GROUPS, [""] * n, [""] * n, {}, correct=REWARDS > 0.5)
+    return ShapingContext(round_, step=step, total_steps=total)
 
 
 def test_shaper_writes_coef_times_sibling_distance_per_token(monkeypatch):
@@ -224,7 +217,7 @@ def test_shaper_writes_coef_times_sibling_distance_per_token(monkeypatch):
     assert metrics["datpo/diversity_coef"] == pytest.approx(0.1)
     c = 1 - 1 / math.sqrt(2)
     per_block = {0: 0.0, 1: 1.0, 2: c, 3: 1.0, 4: c, 5: 0.0}  # by the block ids of group 0
-    got = ctx.rollouts.extras["diversity_bonus"]
+    got = ctx.rollouts.structure["diversity_bonus"]
     for row in range(4):
         for t, b in enumerate(BLOCKS[row].tolist()):
             want = 0.1 * per_block[b] if b >= 0 else 0.0

@@ -16,6 +16,7 @@ from policyopt.rewards.shaping import ShapingContext
 from policyopt.rollout.base import Rollouts, SamplingParams
 from policyopt.rollout.hf_engine import HFEngine
 from policyopt.rollout.tree import branches_from_cache, sample_branches
+from policyopt.trainer.batch import Batch
 from policyopt.trainer.config import load_config
 from policyopt.trainer.trainer import Trainer
 from run_configs import small_overrides
@@ -127,7 +128,7 @@ def test_tree_forks_run_no_prefix_through_the_model(tiny):
         widths[reuse] = seen
     a, b = leaves[True], leaves[False]
     assert len(a) > 6 and torch.equal(a.response_ids, b.response_ids)
-    assert torch.equal(a.extras["block_ids"], b.extras["block_ids"])
+    assert torch.equal(a.structure["block_ids"], b.structure["block_ids"])
     assert a.generated_tokens == b.generated_tokens
     torch.testing.assert_close(a.logp, b.logp, atol=1e-4, rtol=0)
     prompt_width = max(map(len, prompts))
@@ -192,11 +193,11 @@ def test_sentence_forks_share_the_base_prefix_with_exact_token_counts(tiny):
         assert torch.equal(leaves.logp[r, :18], torch.full((18,), -0.5))  # copied from base
         assert torch.equal(leaves.entropy[r, :18], leaves.entropy[0, :18])
         assert torch.equal(leaves.prompt_ids[r], leaves.prompt_ids[0])
-        assert leaves.extras["block_ids"][r, :18].tolist() == [0] * 18
+        assert leaves.structure["block_ids"][r, :18].tolist() == [0] * 18
         n = int(leaves.lengths[r])
-        assert n <= 30 and (leaves.extras["block_ids"][r, 18:n] == 3 + r - 2).all()
-    assert leaves.extras["block_ids"][0, :23].tolist() == [0] * 18 + [1] * 5
-    assert leaves.extras["block_ids"][1, :4].tolist() == [2] * 4
+        assert n <= 30 and (leaves.structure["block_ids"][r, 18:n] == 3 + r - 2).all()
+    assert leaves.structure["block_ids"][0, :23].tolist() == [0] * 18 + [1] * 5
+    assert leaves.structure["block_ids"][1, :4].tolist() == [2] * 4
     continuation = int(leaves.lengths[2:].sum()) - 2 * 18
     assert leaves.generated_tokens == 23 + 4 + continuation  # prefixes are not generated
 
@@ -213,7 +214,7 @@ def test_sentence_forks_share_the_base_prefix_with_exact_token_counts(tiny):
         reuse_kv_cache=False,
     )
     assert len(leaves) == 4
-    assert leaves.extras["block_ids"][0, :23].tolist() == [0] * 9 + [1] * 9 + [2] * 5
+    assert leaves.structure["block_ids"][0, :23].tolist() == [0] * 9 + [1] * 9 + [2] * 5
     assert torch.equal(leaves.response_ids[2, :9], base_ids[:9])
     assert torch.equal(leaves.response_ids[3, :18], base_ids[:18])
     # Solved prompts grow no tree.
@@ -244,7 +245,7 @@ def test_token_forks_on_the_model_share_prefixes_and_count_tokens_exactly(tiny):
         fork_unit="token",
     )
     # Prompt 0: (K̂, B̂) = (2, 3); prompt 1: (1, 2). Leaves that fork: up to 3*2*3 + 3*1*2.
-    blocks = leaves.extras["block_ids"]
+    blocks = leaves.structure["block_ids"]
     tree = tree_blocks(blocks, leaves.response_mask, index)
     expected_tokens = 0
     for r in range(len(leaves)):
@@ -293,19 +294,15 @@ def test_policy_embeddings_are_mean_hidden_states_per_block(tiny):
         entropy=torch.zeros(2, 10),
         truncated=torch.zeros(2, dtype=torch.bool),
         generated_tokens=13,
-        extras={"block_ids": blocks},
+        structure={"block_ids": blocks},
     )
     groups = torch.zeros(2, dtype=torch.long)
     tree = tree_blocks(blocks, rollouts.response_mask, groups)
+    round_ = Batch(rollouts, groups, [], [], {}, correct=torch.zeros(2, dtype=torch.bool))
     ctx = ShapingContext(
+        round_,
         0,
         1,
-        groups,
-        torch.zeros(2, dtype=torch.bool),
-        [],
-        [],
-        {},
-        rollouts,
         model=model,
         tokenizer=tok,
     )

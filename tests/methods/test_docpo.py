@@ -2,6 +2,7 @@
 shaper on hand values, and the all-perfect / all-zero group filter."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from policyopt.methods.docpo import (
     step_aware_gamma,
 )
 from policyopt.rewards.shaping import SHAPERS, ShapingContext
+from policyopt.trainer.batch import Batch
 
 torch.set_num_threads(1)
 
@@ -129,23 +131,22 @@ def test_shaper_updates_tau_from_raw_rewards_then_shapes():
 
 def test_shaper_call_reads_the_type_column_and_state_survives_a_restart():
     shaper = SHAPERS.get("step_aware_annealing")(tau_init=20.0, window=4, min_samples=2, rate=0.1)
-    ctx = ShapingContext(
-        step=20,
-        total_steps=100,
+    round_ = Batch(
+        rollouts=None,
         group_ids=torch.tensor([0, 0]),
-        correct=torch.tensor([True, False]),
         prompts=["p", "p"],
         completions=["a", "b"],
         columns={"element_type": ["table", "table"]},
-        rollouts=None,
+        correct=torch.tensor([True, False]),
     )
+    ctx = ShapingContext(round_, step=20, total_steps=100)
     shaped, metrics = shaper(torch.tensor([0.9, 0.8]), ctx)  # CV 0.0588 < 0.2: τ 20 -> 18.0967
     assert metrics["docpo/table/tau"] == pytest.approx(20 * math.exp(-0.1))
     restored = SHAPERS.get("step_aware_annealing")(tau_init=20.0, window=4, min_samples=2, rate=0.1)
     restored.load_state_dict(shaper.state_dict())
     assert restored.shape([0.5], ["table"], 30) == shaper.shape([0.5], ["table"], 30)
     with pytest.raises(KeyError, match="'element_type' column"):
-        shaper(torch.tensor([0.9, 0.8]), ShapingContext(**{**ctx.__dict__, "columns": {}}))
+        shaper(torch.tensor([0.9, 0.8]), replace(ctx, batch=replace(round_, columns={})))
 
 
 def test_shaper_rejects_bad_input():

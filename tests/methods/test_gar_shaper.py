@@ -19,6 +19,7 @@ from policyopt.models.loading import load_model
 from policyopt.models.logprobs import naive_response_logprobs, response_logprobs
 from policyopt.rewards.shaping import SHAPERS, ShapingContext
 from policyopt.rollout.base import ENGINES, Rollouts, SamplingParams
+from policyopt.trainer.batch import Batch
 from run_configs import small_overrides
 
 torch.set_num_threads(1)
@@ -88,15 +89,18 @@ def make_ctx(model, tok, batch=BATCH, groups=GROUPS, columns=None, step=0, with_
         rollouts.hidden = out.hidden * response_mask[..., None]
     if columns is None:
         columns = {"solution": [SOLUTION[p] for p, _, _ in batch]}
-    return ShapingContext(
-        step=step,
-        total_steps=10,
+    round_ = Batch(
+        rollouts=rollouts,
         group_ids=torch.tensor(groups),
-        correct=torch.tensor([c for _, _, c in batch]),
         prompts=[p for p, _, _ in batch],
         completions=[c for _, c, _ in batch],
         columns=columns,
-        rollouts=rollouts,
+        correct=torch.tensor([c for _, _, c in batch]),
+    )
+    return ShapingContext(
+        round_,
+        step=step,
+        total_steps=10,
         model=model,
         tokenizer=tok,
         logit_chunk_size=5,
@@ -370,7 +374,7 @@ def test_preset_recipe_and_composition():
     from policyopt.methods import PRESETS
     from policyopt.recipes import recipe_dict
     from policyopt.trainer.config import load_config
-    from policyopt.trainer.rollout_phase import needs_hidden
+    from policyopt.trainer.parts import needs_hidden
 
     grpo = {k: v for k, v in PRESETS.get("grpo")["algorithm"].items() if k != "name"}
     gar = load_config(overrides=["algorithm.name=gar"])

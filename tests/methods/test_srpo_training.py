@@ -12,8 +12,10 @@ from policyopt.methods.srpo import RankingDistances
 from policyopt.recipes import recipe_dict
 from policyopt.rewards.shaping import ShapingContext
 from policyopt.rollout.base import Rollouts
+from policyopt.trainer.batch import Batch
 from policyopt.trainer.config import load_config
 from policyopt.trainer.trainer import Trainer
+from run_configs import finished_batch
 
 TASK = "{train_size: 40, eval_size: 20, docs_per_query: 12, num_features: 10}"
 
@@ -47,16 +49,15 @@ def lm_context(completions, group_ids, labels):
         truncated=torch.zeros(n, dtype=torch.bool),
         generated_tokens=n,
     )
-    return ShapingContext(
-        step=0,
-        total_steps=1,
+    round_ = Batch(
+        rollouts=rollouts,
         group_ids=torch.tensor(group_ids),
-        correct=torch.zeros(n, dtype=torch.bool),
         prompts=[""] * n,
         completions=completions,
         columns={"labels": labels},
-        rollouts=rollouts,
+        correct=torch.zeros(n, dtype=torch.bool),
     )
+    return ShapingContext(round_, step=0, total_steps=1)
 
 
 def test_distances_shaper_on_parsed_rankings():
@@ -108,22 +109,10 @@ def test_srpo_advantage_from_shaper_matches_direct_computation(tmp_path):
     """One step's advantages are srpo of its rewards and the shaper's distances."""
     cfg = load_config(None, ranking_overrides(tmp_path, "train.steps=1"), base=recipe_dict("srpo"))
     trainer = Trainer(cfg)
-    from policyopt.trainer.rollout_phase import RolloutTimes, generate_and_score
-
-    scored = generate_and_score(
-        rows=trainer.train_rows,
-        indices=[0, 1, 2, 3],
-        group_offset=0,
-        task=trainer.task,
-        tokenizer=trainer.tokenizer,
-        engine=trainer.engine,
-        reward_fn=trainer.reward_fn,
-        config=cfg,
-        times=RolloutTimes(),
-    )
-    batch, _ = trainer._shape(scored)
-    d = scored.rollouts.extras["distances"]
-    want = compute_advantages("srpo", batch.rewards, batch.group_ids, distances=d)
+    batch = finished_batch(trainer, [0, 1, 2, 3])
+    scored = batch
+    d = scored.rollouts.structure["distances"]
+    want = compute_advantages("srpo", batch.rewards["total"], batch.group_ids, distances=d)
     assert torch.equal(batch.advantages, want)
     trainer.close()
 

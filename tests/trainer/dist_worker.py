@@ -20,10 +20,11 @@ from policyopt.core import compute_advantages
 from policyopt.core.aggregation import AGG_MODES
 from policyopt.models.loading import load_model
 from policyopt.rollout.base import Rollouts
-from policyopt.trainer.batch import StepBatch
+from policyopt.trainer.batch import Batch
 from policyopt.trainer.config import Config
 from policyopt.trainer.distributed import Dist, global_advantages, setup, wrap_policy
-from policyopt.trainer.update import UpdateContext, policy_update
+from policyopt.trainer.parts import bound_loss
+from policyopt.trainer.update import Optimization, update
 
 GROUP_SIZES = (3, 3, 2, 2)  # rank 0 of 2 gets groups 0-1 (6 rows), rank 1 groups 2-3 (4)
 P, R = 6, 7
@@ -35,7 +36,7 @@ SCENARIOS = {
 }
 
 
-def global_batch() -> StepBatch:
+def global_batch() -> Batch:
     """10 rollouts in 4 groups: ragged prompts (left padding) and responses, one response
     without a valid loss token (filtered), random rewards."""
     g = torch.Generator().manual_seed(0)
@@ -65,12 +66,13 @@ def global_batch() -> StepBatch:
     rewards = torch.rand(n, generator=g)
     loss_mask = response_mask.clone()
     loss_mask[4] = 0  # a filtered response: counts in no normaliser
-    return StepBatch(
+    return Batch(
         rollouts=rollouts,
         group_ids=group_ids,
         prompts=[""] * n,
         completions=[""] * n,
-        rewards=rewards,
+        columns={},
+        rewards={"total": rewards},
         advantages=compute_advantages("grpo", rewards, group_ids),
         loss_mask=loss_mask,
     )
@@ -84,17 +86,8 @@ def rank_rows(dist: Dist) -> torch.Tensor:
     return torch.isin(group_ids, mine).nonzero().squeeze(-1)
 
 
-def take(batch: StepBatch, rows: torch.Tensor) -> StepBatch:
-    pick = rows.tolist()
-    return StepBatch(
-        rollouts=batch.rollouts.select(rows),
-        group_ids=batch.group_ids[rows],
-        prompts=[batch.prompts[i] for i in pick],
-        completions=[batch.completions[i] for i in pick],
-        rewards=batch.rewards[rows],
-        advantages=batch.advantages[rows],
-        loss_mask=batch.loss_mask[rows],
-    )
+def take(batch: Batch, rows: torch.Tensor) -> Batch:
+    return batch.select(torch.isin(torch.arange(len(batch)), rows))
 
 
 class RecordingSGD(torch.optim.SGD):
@@ -139,18 +132,20 @@ def run_scenario(dist: Dist, options: dict) -> dict:
     ref_policy = wrap_policy(ref, dist, trainable=False, **logp_options) if ref else None
     optimizer = RecordingSGD([p for p in model.parameters() if p.requires_grad], lr=2.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    ctx = UpdateContext(
-        model,
-        optimizer,
-        scheduler,
-        config,
-        ref,
+    opt = Optimization(
+        model=model,
+        policy=policy,
+        optimizer=optimizer,
+        scheduler=scheduler,
         dist=dist,
-        policy=policy if dist.active else None,
-        ref_policy=ref_policy if dist.active else None,
+        reference=ref_policy,
+        ppo_epochs=config.algorithm.ppo_epochs,
+        micro_batch_size=config.train.micro_batch_size,
+        max_grad_norm=config.optim.max_grad_norm,
     )
     batch = global_batch()
-    metrics = policy_update(ctx, take(batch, rank_rows(dist)) if dist.active else batch)
+    loss = bound_loss(config)
+    metrics = update(loss, take(batch, rank_rows(dist)) if dist.active else batch, opt)
     return {"loss": metrics["loss"], "grad_norm": metrics["grad_norm"], "grads": optimizer.seen}
 
 
@@ -162,8 +157,9 @@ def check_global_advantages(dist: Dist) -> None:
         def estimate(r: torch.Tensor, g: torch.Tensor, name=name, options=options) -> torch.Tensor:  # noqa: ANN001
             return compute_advantages(name, r, g, **options)
 
-        local = global_advantages(dist, estimate, batch.rewards[rows], batch.group_ids[rows])
-        whole = estimate(batch.rewards, batch.group_ids)[rows]
+        rewards = batch.rewards["total"]
+        local = global_advantages(dist, estimate, rewards[rows], batch.group_ids[rows])
+        whole = estimate(rewards, batch.group_ids)[rows]
         torch.testing.assert_close(local, whole, atol=1e-6, rtol=0)
 
 

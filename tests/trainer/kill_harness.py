@@ -82,6 +82,7 @@ def run_overrides(output_dir: Path, steps: int) -> list[str]:
 # ----------------------------------------------------------------- in the killed process
 def install_kill_hook(kill: Kill) -> None:
     """SIGKILL this process when it reaches `kill.phase` of step `kill.step`."""
+    import policyopt.trainer.step as step_module
     import policyopt.trainer.trainer as trainer_module
     from policyopt.trainer import checkpoint as ckpt
     from policyopt.trainer.metrics_log import MetricsLogger
@@ -131,8 +132,8 @@ def install_kill_hook(kill: Kill) -> None:
     trainer_save = trainer_module.Trainer.save
     trainer_module.Trainer.train_step = counting_train_step
     trainer_module.Trainer.save = save
-    trainer_module.generate_and_score = after(trainer_module.generate_and_score, "sample")
-    trainer_module.policy_update = after(trainer_module.policy_update, "update")
+    step_module.score = after(step_module.score, "sample")
+    step_module.update = after(step_module.update, "update")
     MetricsLogger.log = torn_log
     ckpt.save_state = before(ckpt.save_state, "save_state")
     ckpt.mark_complete = before(ckpt.mark_complete, "save_marker")

@@ -10,7 +10,7 @@ import torch
 from policyopt.rewards import overlong_penalty
 from policyopt.trainer.config import ConfigError, load_config
 from policyopt.trainer.trainer import Trainer
-from run_configs import scored_round, small_overrides
+from run_configs import finished_batch, shaped_round, small_overrides
 
 
 def small(tmp_path, *extra, steps=1):
@@ -34,10 +34,10 @@ def test_gar_replaces_only_the_task_term_other_weighted_functions_add(tmp_path):
             "reward.correct_threshold=0.1",
         )
     )
-    batch, _ = trainer._shape(scored_round(trainer, [0, 1, 2, 3]))
+    batch = finished_batch(trainer, [0, 1, 2, 3])
     trainer.close()
     bonus = torch.tensor([0.01 * len(c) for c in batch.completions])
-    gar = batch.rewards - bonus
+    gar = batch.rewards["total"] - bonus
     correct = torch.tensor([digit_fraction(c) >= 0.1 for c in batch.completions])
     assert correct.any() and (~correct).any()
     assert torch.allclose(gar[~correct], torch.zeros(int((~correct).sum())), atol=1e-6)
@@ -76,8 +76,8 @@ def test_dapo_filter_looks_at_the_task_reward_not_at_the_length_penalty(tmp_path
             "algorithm.max_sampling_rounds=2",
         )
     )
-    scored = trainer._shape_round(scored_round(trainer, [0, 1]))
-    assert len(set(scored.rewards.tolist())) > 1  # the penalty differs between rollouts
+    scored = shaped_round(trainer, [0, 1])
+    assert len(set(scored.rewards["total"].tolist())) > 1  # the penalty differs between rollouts
     metrics = trainer.train_step()
     trainer.close()
     assert metrics["filter/kept_groups"] == 0 and metrics["skipped_update"] == 1.0
@@ -118,7 +118,8 @@ def test_docpo_annealing_with_dapo_overlong_penalty(tmp_path):
         shapers = f"[{saa}, {over}]" if order == "saa_first" else f"[{over}, {saa}]"
         trainer = Trainer(small(tmp_path / order, f"reward.shapers={shapers}"))
         trainer.step = 40  # gamma well above 1
-        batch, metrics = trainer._shape(scored_round(trainer, [0, 1, 2, 3]))
+        batch = finished_batch(trainer, [0, 1, 2, 3])
+        metrics = batch.metrics
         trainer.close()
         gammas = {k: v for k, v in metrics.items() if k.endswith("/gamma")}
         assert gammas and all(g > 2 for g in gammas.values())
@@ -127,7 +128,7 @@ def test_docpo_annealing_with_dapo_overlong_penalty(tmp_path):
         m = torch.tensor([digit_fraction(c) for c in batch.completions])
         expected = m**gamma + overlong_penalty(batch.rollouts.lengths, 10, 6)
         assert (overlong_penalty(batch.rollouts.lengths, 10, 6) < 0).any()
-        torch.testing.assert_close(batch.rewards, expected.float(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(batch.rewards["total"], expected.float(), rtol=1e-5, atol=1e-6)
 
 
 # ------------------------------------------------------------------ item 4
@@ -175,17 +176,18 @@ def test_overlong_is_a_registered_shaper_with_the_paper_default_buffer(tmp_path)
     shaper = SHAPERS.get("overlong")(max_len=20480)
     assert shaper.cache_len == 4096  # DAPO: L_cache = 4096 of L_max = 20480, 0.2 L_max
     trainer = Trainer(small(tmp_path, "reward.shapers=[{name: overlong}]"))
-    s = scored_round(trainer, [0, 1])
-    batch, _ = trainer._shape(s)
+    batch = finished_batch(trainer, [0, 1])
     trainer.close()
     # L_max defaults to rollout.max_new_tokens (12); L_cache = ceil(0.2 * 12) = 3.
     m = torch.tensor([digit_fraction(c) for c in batch.completions])
-    torch.testing.assert_close(batch.rewards, m + overlong_penalty(batch.rollouts.lengths, 12, 3))
+    torch.testing.assert_close(
+        batch.rewards["total"], m + overlong_penalty(batch.rollouts.lengths, 12, 3)
+    )
 
 
 def test_overlong_filtering_masks_the_loss_of_truncated_responses(tmp_path):
     trainer = Trainer(small(tmp_path, "algorithm.filter_truncated=true"))
-    batch, _ = trainer._shape(scored_round(trainer, [0, 1, 2, 3]))
+    batch = finished_batch(trainer, [0, 1, 2, 3])
     trainer.close()
     truncated = batch.rollouts.truncated
     assert truncated.any()
@@ -197,7 +199,7 @@ def test_overlong_filtering_masks_the_loss_of_truncated_responses(tmp_path):
 def test_task_function_names_the_term_shapers_transform(tmp_path):
     """reward.task_function picks M among the functions (default: 'task', else the first);
     correctness is judged on M alone, and a name that is not a function is a load error."""
-    from policyopt.trainer.rollout_phase import task_function
+    from policyopt.trainer.parts import task_function
 
     functions = (
         "reward.functions=[{name: 'rewards_for_tests:char_count', weight: 0.01}, "
@@ -217,11 +219,11 @@ def test_task_function_names_the_term_shapers_transform(tmp_path):
             "reward.correct_threshold=0.1",
         )
     )
-    s = scored_round(trainer, [0, 1, 2, 3])
-    batch, _ = trainer._shape(s)
+    batch = finished_batch(trainer, [0, 1, 2, 3])
     trainer.close()
+    s = batch
     m = torch.tensor([digit_fraction(c) for c in batch.completions])
     assert torch.equal(s.correct, m >= 0.1)
-    gar = batch.rewards - torch.tensor([0.01 * len(c) for c in batch.completions])
+    gar = batch.rewards["total"] - torch.tensor([0.01 * len(c) for c in batch.completions])
     assert torch.allclose(gar[~s.correct], torch.zeros(int((~s.correct).sum())), atol=1e-6)
     assert (gar[s.correct] >= 1.0 - 1e-6).all()

@@ -8,8 +8,8 @@ import torch
 
 from policyopt.trainer import update
 from policyopt.trainer.trainer import Trainer
-from policyopt.trainer.update import NonFiniteUpdateError, policy_update
-from run_configs import scored_round
+from policyopt.trainer.update import NonFiniteUpdateError
+from run_configs import finished_batch
 
 
 def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -21,8 +21,11 @@ def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 
 def shaped_batch(trainer: Trainer):
+    return finished_batch(trainer, [0, 1])
 
-    return trainer._shape(scored_round(trainer, [0, 1]))[0]
+
+def policy_update(trainer: Trainer, batch) -> dict[str, float]:
+    return update.update(trainer.parts.loss, batch, trainer.optimization)
 
 
 COMPUTE_POLICY_LOSS = update.compute_policy_loss
@@ -36,7 +39,7 @@ def nan_loss(*args, **kwargs):
 def nan_gradient(*args, **kwargs):
     """A finite loss whose gradient is NaN (a backward hook poisons it)."""
     loss, metrics = COMPUTE_POLICY_LOSS(*args, **kwargs)
-    logp = args[1]
+    logp = args[1].logp  # (name, LossInputs)
     logp.register_hook(lambda g: torch.full_like(g, float("nan")))
     return loss, metrics
 
@@ -47,25 +50,25 @@ def test_a_nonfinite_update_is_skipped_and_counted(tmp_path, small_config, monke
     batch = shaped_batch(trainer)
     monkeypatch.setattr(update, "compute_policy_loss", poison)
     before = snapshot(trainer.model)
-    metrics = policy_update(trainer.update_ctx, batch)
+    metrics = policy_update(trainer, batch)
     trainer.close()
     assert same(before, snapshot(trainer.model))  # no parameter moved
     assert not trainer.optimizer.state  # Adam's moments never saw the NaN
     assert all(p.grad is None for p in trainer.model.parameters())
     assert metrics["nonfinite/skipped_updates"] == 1.0
     assert metrics["nonfinite/in_a_row"] == 1.0
-    assert trainer.update_ctx.nonfinite_in_a_row == 1
+    assert trainer.optimization.nonfinite_in_a_row == 1
 
 
 def test_a_finite_update_resets_the_count_and_moves_the_parameters(tmp_path, small_config):
     trainer = Trainer(small_config(tmp_path, "optim.lr=0.01", steps=1))
-    trainer.update_ctx.nonfinite_in_a_row = 2
+    trainer.optimization.nonfinite_in_a_row = 2
     before = snapshot(trainer.model)
-    metrics = policy_update(trainer.update_ctx, shaped_batch(trainer))
+    metrics = policy_update(trainer, shaped_batch(trainer))
     trainer.close()
     assert not same(before, snapshot(trainer.model))
     assert metrics["nonfinite/skipped_updates"] == 0.0
-    assert trainer.update_ctx.nonfinite_in_a_row == 0
+    assert trainer.optimization.nonfinite_in_a_row == 0
 
 
 def read_log(path):

@@ -2,7 +2,7 @@
 
 from policyopt.models.loading import load_tokenizer
 from policyopt.tasks import get_task
-from policyopt.trainer.rollout_phase import encode_prompts
+from policyopt.trainer.prompts import encode_prompts
 
 
 def test_plain_and_chat_template_prompts() -> None:

@@ -91,13 +91,13 @@ def test_nonfinite_updates_in_a_row_survive_resume(tmp_path, small_config) -> No
     updates stops where the uninterrupted run would."""
     trainer = Trainer(small_config(tmp_path, steps=1))
     trainer.train()
-    trainer.update_ctx.nonfinite_in_a_row = 2  # the last two updates were skipped
-    trainer.update_ctx.nonfinite_total = 3
+    trainer.optimization.nonfinite_in_a_row = 2  # the last two updates were skipped
+    trainer.optimization.nonfinite_total = 3
     trainer.save()
     resumed = Trainer(small_config(tmp_path, steps=2))
     assert resumed.step == 1
-    assert resumed.update_ctx.nonfinite_in_a_row == 2
-    assert resumed.update_ctx.nonfinite_total == 3
+    assert resumed.optimization.nonfinite_in_a_row == 2
+    assert resumed.optimization.nonfinite_total == 3
 
 
 class CountingTask(ArithmeticTask):

@@ -69,27 +69,11 @@ def test_reward_function_structure_reaches_the_advantage_estimator(
             tmp_path, reward, "algorithm.advantage=needs_digits", "algorithm.name=dapo", steps=1
         )
     )
-    from policyopt.trainer.rollout_phase import RolloutTimes, collect_batch, generate_and_score
+    from policyopt.trainer.step import train_step
 
-    scored, _ = collect_batch(
-        next_indices=trainer.sampler.take,
-        config=trainer.config,
-        pad_id=trainer.pad_id,
-        times=RolloutTimes(),
-        score_round=lambda idx, offset: generate_and_score(
-            rows=trainer.train_rows,
-            indices=idx,
-            group_offset=offset,
-            task=trainer.task,
-            tokenizer=trainer.tokenizer,
-            engine=trainer.engine,
-            reward_fn=trainer.reward_fn,
-            config=trainer.config,
-            times=RolloutTimes(),
-        ),
-    )
+    # The production step: rollout, score, shape, the dynamic-sampling filter, advantage.
+    scored, _ = train_step(trainer.parts, trainer.state)
     assert scored is not None
-    trainer._shape(scored)
     trainer.close()
     counts = [sum(ch.isdigit() for ch in c) for c in scored.completions]
     assert seen["digit_count"].tolist() == counts

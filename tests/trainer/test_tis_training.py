@@ -6,11 +6,11 @@ from policyopt.trainer.trainer import Trainer
 
 def test_tis_is_off_with_hf_by_default_and_logged_when_set(tmp_path, small_config) -> None:
     default = Trainer(small_config(tmp_path / "auto", steps=1))
-    assert default.update_ctx.tis_cap is None  # hf's log-probs are the trainer's own
+    assert default.optimization.tis_cap is None  # hf's log-probs are the trainer's own
     default.close()
     trainer = Trainer(small_config(tmp_path / "on", "algorithm.tis_cap=2.0", steps=2))
     try:
-        assert trainer.update_ctx.tis_cap == 2.0
+        assert trainer.optimization.tis_cap == 2.0
         trainer.train()
     finally:
         trainer.close()

@@ -7,7 +7,7 @@ import torch
 
 from policyopt.rewards.functions import RewardFunctionError
 from policyopt.trainer.trainer import Trainer
-from run_configs import scored_round
+from run_configs import finished_batch, sampled_round
 
 
 @pytest.mark.parametrize("algo", ["grpo", "dapo", "dr_grpo", "gspo", "rloo", "reinforce_pp"])
@@ -109,15 +109,16 @@ def test_plot_and_lora(tmp_path, small_config) -> None:
 
 def shaped_batch(trainer: Trainer):
     """The step batch (rewards shaped, advantages computed) of two prompts' rollouts."""
-    return trainer._shape(scored_round(trainer, [0, 1]))[0]
+    return finished_batch(trainer, [0, 1])
 
 
 def test_update_normalisers_skip_fully_masked_rows(tmp_path, small_config) -> None:
     """A response whose loss is masked out (overlong filtering) is not a sequence of the
     seq-mean denominator: the trainer's loss equals core's on the whole minibatch."""
     from policyopt.core import compute_policy_loss
+    from policyopt.core.losses import LossInputs
     from policyopt.models.logprobs import response_logprobs
-    from policyopt.trainer.update import policy_update
+    from policyopt.trainer.update import update
 
     trainer = Trainer(small_config(tmp_path, "optim.lr=1e-12", "optim.max_grad_norm=null", steps=1))
     batch = shaped_batch(trainer)
@@ -128,10 +129,9 @@ def test_update_normalisers_skip_fully_masked_rows(tmp_path, small_config) -> No
         logp = response_logprobs(
             trainer.model, r.input_ids(), r.attention_mask(), r.response_ids.shape[1]
         ).logp
-    expected, _ = compute_policy_loss(
-        "ppo_clip", logp, logp, batch.advantages, batch.loss_mask, agg="seq-mean-token-mean"
-    )
-    metrics = policy_update(trainer.update_ctx, batch)
+    inputs = LossInputs(logp, logp, batch.advantages, batch.loss_mask)
+    expected, _ = compute_policy_loss("ppo_clip", inputs, agg="seq-mean-token-mean")
+    metrics = update(trainer.parts.loss, batch, trainer.optimization)
     trainer.close()
     assert metrics["loss"] == pytest.approx(float(expected), abs=1e-6)
 
@@ -141,7 +141,7 @@ def test_update_metrics_do_not_depend_on_micro_batch_size(tmp_path, small_config
     metrics must say so however the minibatch is split into micro-batches, and min/max are
     the minibatch's min/max (a regression: the token-weighted sums were divided by the last
     micro-batch's token count, logging ratio_mean ~ 2 with two micro-batches)."""
-    from policyopt.trainer.update import policy_update
+    from policyopt.trainer.update import update
 
     logged = {}
     for micro in (64, 3):
@@ -150,7 +150,7 @@ def test_update_metrics_do_not_depend_on_micro_batch_size(tmp_path, small_config
                 tmp_path / str(micro), "optim.lr=1e-12", f"train.micro_batch_size={micro}", steps=1
             )
         )
-        logged[micro] = policy_update(trainer.update_ctx, shaped_batch(trainer))
+        logged[micro] = update(trainer.parts.loss, shaped_batch(trainer), trainer.optimization)
         trainer.close()
     for metrics in logged.values():
         for key in ("ratio_mean", "ratio_min", "ratio_max"):
@@ -176,7 +176,7 @@ def test_responses_reach_prefetching_rewards_as_they_end(tmp_path, small_config)
     assert trainer.reward_fn.can_prefetch
     heard = rewards_for_tests.digit_fraction_heard.heard
     heard.clear()
-    scored = scored_round(trainer, [0, 1, 2, 3])
+    scored = sampled_round(trainer, [0, 1, 2, 3])
     ended = [
         (p, c, a)
         for p, c, a, t in zip(
@@ -190,8 +190,8 @@ def test_responses_reach_prefetching_rewards_as_they_end(tmp_path, small_config)
     ]
     assert ended and sorted(heard) == sorted(ended)
     heard.clear()
-    trainer.config.reward.prefetch = False
-    scored_round(trainer, [0, 1])
+    trainer.parts.prefetch = False  # as build_parts binds reward.prefetch=false
+    sampled_round(trainer, [0, 1])
     trainer.close()
     assert heard == []  # reward.prefetch=false: scored at the end only
 
@@ -199,7 +199,7 @@ def test_responses_reach_prefetching_rewards_as_they_end(tmp_path, small_config)
 def test_prefetch_auto_is_on_only_where_sampling_leaves_a_core_free(
     tmp_path, small_config, monkeypatch
 ) -> None:
-    from policyopt.trainer import rollout_phase
+    from policyopt.trainer import parts as rollout_phase
 
     config = small_config(tmp_path, steps=1)
     assert config.reward.prefetch == "auto"

@@ -11,18 +11,21 @@ Notation: ρ_{i,t} = π_θ(y_{i,t}) / π_old(y_{i,t}) = exp(logp − old_logp) i
   ℓ_i = −min(s_i Â_i, clip(s_i, 1−ε_low, 1+ε_high) Â_i), mean over sequences. Variant
   `token` (GSPO-token): s_{i,t} = sg[s_i] · π_θ(y_{i,t}) / sg[π_θ(y_{i,t})], same value as s_i
   with a per-token gradient path, which admits per-token advantages; aggregated
-  seq-mean-token-mean. GSPO's normalisation is part of its objective, so it ignores `agg`
-  (both variants), `global_tokens` and `max_len`; it uses `global_seqs`. Its `ignores`
-  attribute says so: a configured `algorithm.agg` with it is a config error.
+  seq-mean-token-mean. GSPO's normalisation is part of its objective, so it takes no `agg`
+  (both variants; a configured `algorithm.agg` with it is a config error) and uses only
+  the `global_seqs` normaliser.
 
 Each loss's keyword defaults (clip_low / clip_high, agg) are its paper's defaults, and the
 only place they live: the trainer's config fills an unset `algorithm.clip_low` etc. from
-them (`policyopt.trainer.config.resolve_loss_options`).
+them (`policyopt.trainer.parts.resolve_loss_options`).
 
-Each registered loss has the signature
-`(logp, old_logp, advantages, mask, agg, *, global_tokens, global_seqs, max_len, **options)
--> (loss, metrics)` with `mask` a bool tensor; `compute_policy_loss` validates the inputs and
-calls it. Metrics (python floats, computed without gradient, over this call's valid tokens):
+Each registered loss has the signature `(inputs: LossInputs, **options) -> (loss, metrics)`:
+`LossInputs` carries the log-probs, old and sampling log-probs, advantages, mask (bool),
+global normalisers, truncated importance weights (`policyopt.core.tis.ISWeights`, or None)
+and the declared structure the loss needs; `compute_policy_loss` validates the inputs and
+calls it. Each loss applies the importance weights at its own level, as verl's losses apply
+`rollout_is_weights`: the token clip per token, GSPO's sequence variant and HISPO per
+sequence (to the loss term, before aggregation). Metrics (python floats, computed without gradient, over this call's valid tokens):
 `clipfrac_low` (fraction of tokens with ratio < 1−ε_low and Â < 0), `clipfrac_high`
 (ratio > 1+ε_high and Â > 0), `approx_kl` (mean of the k3 estimator of KL(π_old || π_θ),
 ρ − 1 − log ρ, unbiased and ≥ 0 for tokens sampled from π_old), `ratio_mean`, `ratio_min`,
@@ -32,6 +35,7 @@ calls it. Metrics (python floats, computed without gradient, over this call's va
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -40,40 +44,72 @@ from torch import Tensor
 from policyopt.core.advantages import reject_unknown_options
 from policyopt.core.aggregation import Count, aggregate, as_bool_mask
 from policyopt.core.registry import Registry
+from policyopt.core.tis import ISWeights
 
 LossFn = Callable[..., tuple[Tensor, dict[str, float]]]
 
-# name -> loss(logp, old_logp, advantages, mask, agg, **options) -> (scalar loss, metrics)
+# name -> loss(inputs: LossInputs, **options) -> (scalar loss, metrics)
 POLICY_LOSSES: Registry[LossFn] = Registry("policy loss")
 
 # log ρ is clamped to this range before exp so that a wild token cannot overflow to inf.
 MAX_LOG_RATIO = 20.0
 
 
+@dataclass(frozen=True)
+class Normalisers:
+    """Global counts for micro-batch invariance (`policyopt.core.aggregation.aggregate`):
+    N_tok and N_seq of the whole (global) minibatch, and the constant length of
+    seq-mean-token-sum-norm. None: those of the call's own mask."""
+
+    global_tokens: Count | None = None
+    global_seqs: Count | None = None
+    max_len: int | None = None
+
+
+@dataclass(frozen=True)
+class LossInputs:
+    """Everything a policy loss reads (shapes: N rows, T response positions).
+
+    logp: [N, T] log π_θ (with gradient); old_logp: [N, T] log π_old (behaviour policy);
+    advantages: [N] or [N, T]; mask: [N, T] bool or 0/1; sampling_logp: [N, T] the rollout
+    engine's log-probs (or None); is_weights: truncated importance weights (or None: off);
+    structure: declared structure the loss `@needs` (HISPO's segment ids and entropies).
+    """
+
+    logp: Tensor
+    old_logp: Tensor
+    advantages: Tensor
+    mask: Tensor
+    normalisers: Normalisers = Normalisers()
+    sampling_logp: Tensor | None = None
+    is_weights: ISWeights | None = None
+    structure: dict[str, Tensor] = field(default_factory=dict)
+
+
 def compute_policy_loss(
-    name: str,
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    agg: str = "token-mean",
-    **options: Any,
+    name: str, inputs: LossInputs, **options: Any
 ) -> tuple[Tensor, dict[str, float]]:
     """Scalar loss (to minimise) and metrics of the policy loss registered as `name`.
 
-    logp, old_logp, mask: [N, T] (mask bool or 0/1); advantages: [N] or [N, T].
-    agg: aggregation mode (see `policyopt.core.aggregation`).
-    options: `global_tokens`, `global_seqs`, `max_len` (global normalisers, see `aggregate`)
-    and the loss's own options (e.g. `clip_low`, `clip_high`).
-    """
+    options: the loss's own options (e.g. `agg`, `clip_low`, `clip_high`)."""
     fn = POLICY_LOSSES.get(name)
-    reject_unknown_options(f"policy loss {name!r}", fn, options, skip=5)
-    valid = check_loss_inputs(logp, old_logp, advantages, mask)
+    reject_unknown_options(f"policy loss {name!r}", fn, options, skip=1)
+    valid = check_loss_inputs(inputs.logp, inputs.old_logp, inputs.advantages, inputs.mask)
     # Padding may hold any value (even NaN); zero it so that neither the value nor the
     # gradient of a masked position can leak into the loss.
-    logp = torch.where(valid, _float(logp), 0.0)
-    old_logp = torch.where(valid, _float(old_logp), 0.0)
-    return fn(logp, old_logp, _float(advantages), valid, agg, **options)
+    clean = replace(
+        inputs,
+        logp=torch.where(valid, _float(inputs.logp), 0.0),
+        old_logp=torch.where(valid, _float(inputs.old_logp), 0.0),
+        advantages=_float(inputs.advantages),
+        mask=valid,
+    )
+    return fn(clean, **options)
+
+
+def weighted(loss: Tensor, weights: Tensor | None) -> Tensor:
+    """The loss terms times the importance weights (no weights: unchanged)."""
+    return loss if weights is None else loss * weights
 
 
 def check_loss_inputs(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
@@ -118,59 +154,63 @@ def _check_clip(clip_low: float, clip_high: float) -> None:
 
 @POLICY_LOSSES.register("ppo_clip")
 def ppo_clip_loss(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    agg: str = "token-mean",
+    inputs: LossInputs,
     *,
-    global_tokens: Count | None = None,
-    global_seqs: Count | None = None,
-    max_len: int | None = None,
+    agg: str = "token-mean",
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     clip_ratio_c: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """Token-level clipped surrogate ℓ_{i,t} = −min(ρ Â, clip(ρ) Â), aggregated with `agg`."""
+    """Token-level clipped surrogate ℓ_{i,t} = −min(ρ Â, clip(ρ) Â) (times the token's
+    importance weight w_{i,t}), aggregated with `agg`."""
     _check_clip(clip_low, clip_high)
     if clip_ratio_c is not None and clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c must be greater than 1, got {clip_ratio_c}")
-    adv = _per_token(advantages, mask)
-    log_ratio = (logp - old_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)  # log ρ_{i,t}
+    mask, w = inputs.mask, inputs.is_weights
+    adv = _per_token(inputs.advantages, mask)
+    log_ratio = (inputs.logp - inputs.old_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)  # log ρ
     ratio = log_ratio.exp()
-    loss_mat = clipped_surrogate(ratio, adv, clip_low, clip_high, clip_ratio_c)
+    loss_mat = weighted(
+        clipped_surrogate(ratio, adv, clip_low, clip_high, clip_ratio_c),
+        None if w is None else w.token,
+    )
+    n = inputs.normalisers
     loss = aggregate(
-        loss_mat, mask, agg, global_tokens=global_tokens, global_seqs=global_seqs, max_len=max_len
+        loss_mat,
+        mask,
+        agg,
+        global_tokens=n.global_tokens,
+        global_seqs=n.global_seqs,
+        max_len=n.max_len,
     )
     metrics = loss_metrics(ratio, adv, log_ratio, mask, clip_low, clip_high, ratio[mask])
+    if w is not None:
+        metrics["tis_weight_mean"] = w.token_mean(mask)
     return loss, metrics
 
 
 @POLICY_LOSSES.register("gspo")
 def gspo_loss(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    agg: str = "token-mean",
+    inputs: LossInputs,
     *,
-    global_tokens: Count | None = None,
-    global_seqs: Count | None = None,
-    max_len: int | None = None,
     clip_low: float = 3e-4,
     clip_high: float = 4e-4,
     variant: str = "seq",
 ) -> tuple[Tensor, dict[str, float]]:
-    """GSPO sequence-level clipped surrogate; `agg`, `global_tokens`, `max_len` are ignored."""
+    """GSPO sequence-level clipped surrogate (its own normalisation: no `agg`); importance
+    weights per sequence (variant seq) or per token (variant token)."""
     _check_clip(clip_low, clip_high)
     if variant not in ("seq", "token"):
         raise ValueError(f"gspo variant must be 'seq' or 'token', got {variant!r}")
-    log_ratio = logp - old_logp  # log ρ_{i,t}, 0 on padding
+    logp, mask, advantages, w = inputs.logp, inputs.mask, inputs.advantages, inputs.is_weights
+    global_seqs = inputs.normalisers.global_seqs
+    log_ratio = logp - inputs.old_logp  # log ρ_{i,t}, 0 on padding
     seq_len = mask.sum(dim=-1)  # T_i
     has_tokens = seq_len > 0
     # log s_i = (1/T_i) Σ_t log ρ_{i,t}
     log_s = (log_ratio.sum(dim=-1) / seq_len.clamp(min=1)).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     s = log_s.exp()
+    metrics: dict[str, float] = {}
 
     if variant == "seq":
         if advantages.dim() != 1:
@@ -178,27 +218,41 @@ def gspo_loss(
                 "gspo variant 'seq' needs one advantage per sequence [N]; "
                 "per-token advantages [N, T] need variant='token'"
             )
-        loss_seq = clipped_surrogate(s, advantages, clip_low, clip_high)  # ℓ_i, [N]
+        loss_seq = weighted(
+            clipped_surrogate(s, advantages, clip_low, clip_high), None if w is None else w.sequence
+        )  # ℓ_i, [N]
         # Σ_i ℓ_i / N_seq over sequences with at least one valid token.
         loss = aggregate(
             loss_seq[:, None], has_tokens[:, None], "seq-mean-token-sum", global_seqs=global_seqs
         )
         ratio_tok = s[:, None].expand_as(logp)
+        if w is not None:
+            metrics["tis_weight_mean"] = w.sequence_mean()
     else:
         # s_{i,t} = sg[s_i] · π_θ(y_t)/sg[π_θ(y_t)]: value s_i, gradient s_i ∇log π_θ(y_t).
         log_s_tok = log_s.detach()[:, None] + logp - logp.detach()
         ratio_tok = log_s_tok.exp()
-        loss_mat = clipped_surrogate(ratio_tok, _per_token(advantages, mask), clip_low, clip_high)
+        loss_mat = weighted(
+            clipped_surrogate(ratio_tok, _per_token(advantages, mask), clip_low, clip_high),
+            None if w is None else w.token,
+        )
         loss = aggregate(loss_mat, mask, "seq-mean-token-mean", global_seqs=global_seqs)
+        if w is not None:
+            metrics["tis_weight_mean"] = w.token_mean(mask)
 
-    metrics = loss_metrics(
-        ratio_tok, _per_token(advantages, mask), log_ratio, mask, clip_low, clip_high, s[has_tokens]
+    metrics = (
+        loss_metrics(
+            ratio_tok,
+            _per_token(advantages, mask),
+            log_ratio,
+            mask,
+            clip_low,
+            clip_high,
+            s[has_tokens],
+        )
+        | metrics
     )
     return loss, metrics
-
-
-# GSPO's normalisation is part of its objective: a configured `agg` is an error, not ignored.
-gspo_loss.ignores = ("agg",)  # type: ignore[attr-defined]
 
 
 @torch.no_grad()

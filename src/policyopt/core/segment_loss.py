@@ -27,10 +27,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from policyopt.core.aggregation import Count, aggregate
+from policyopt.core.aggregation import aggregate
 from policyopt.core.losses import (
     MAX_LOG_RATIO,
     POLICY_LOSSES,
+    LossInputs,
     _check_clip,
     clipped_surrogate,
     loss_metrics,
@@ -67,30 +68,26 @@ def check_segment_ids(segment_ids: Tensor | None, mask: Tensor) -> Tensor:
 @POLICY_LOSSES.register("hispo")
 @needs("segment_ids", "entropies")
 def hispo_loss(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    agg: str = "token-mean",
+    inputs: LossInputs,
     *,
-    segment_ids: Tensor | None = None,
-    entropies: Tensor | None = None,
-    global_tokens: Count | None = None,
-    global_seqs: Count | None = None,
-    max_len: int | None = None,
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     min_segment_len: float = 16,
 ) -> tuple[Tensor, dict[str, float]]:
-    """HISPO loss −J (module docstring); `agg`, `global_tokens`, `max_len` are ignored.
+    """HISPO loss −J (module docstring); its own normalisation (no `agg`); importance
+    weights per sequence, on each response's term.
 
-    segment_ids: [N, T] integer segment of every token (any value on padding).
-    entropies: [N, T] rollout-time token entropies H (no gradient).
+    inputs.structure: `segment_ids` [N, T] integer segment of every token (any value on
+    padding), `entropies` [N, T] rollout-time token entropies H (no gradient).
     min_segment_len: L_min of the segment advantage (paper: 16).
     Metrics besides `loss_metrics` (whose ratio stats are over the segment ratios μ):
     `segments_per_response`, `mean_segment_length`, `segment_clipfrac` (fraction of
     segments whose clipped branch is active).
     """
+    logp, old_logp, advantages, mask = inputs.logp, inputs.old_logp, inputs.advantages, inputs.mask
+    segment_ids = inputs.structure.get("segment_ids")
+    entropies = inputs.structure.get("entropies")
+    global_seqs = inputs.normalisers.global_seqs
     _check_clip(clip_low, clip_high)
     if min_segment_len < 0:
         raise ValueError(f"min_segment_len must be >= 0, got {min_segment_len}")
@@ -119,8 +116,10 @@ def hispo_loss(
     loss_seg = size * clipped_surrogate(mu, adv_seg, clip_low, clip_high)  # −|S| min(...)
     # Σ_i Σ_k (...) / G over responses with at least one valid token.
     has_tokens = present.any(dim=-1)
+    isw = inputs.is_weights
+    per_response = torch.where(present, loss_seg, 0.0).sum(-1, keepdim=True)
     loss = aggregate(
-        torch.where(present, loss_seg, 0.0).sum(-1, keepdim=True),
+        per_response if isw is None else per_response * isw.sequence[:, None],
         has_tokens[:, None],
         "seq-mean-token-sum",
         global_seqs=global_seqs,
@@ -130,11 +129,9 @@ def hispo_loss(
     adv_tok = advantages[:, None].expand(mask.shape)
     metrics = loss_metrics(mu_tok, adv_tok, log_ratio, mask, clip_low, clip_high, mu[present])
     metrics.update(_segment_metrics(mu, adv_seg, size, present, has_tokens, clip_low, clip_high))
+    if isw is not None:
+        metrics["tis_weight_mean"] = isw.sequence_mean()
     return loss, metrics
-
-
-# The segment loss has its own normalisation (mean over responses): `agg` is an error.
-hispo_loss.ignores = ("agg",)  # type: ignore[attr-defined]
 
 
 @torch.no_grad()

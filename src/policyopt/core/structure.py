@@ -11,7 +11,7 @@ that declare they produce it (never a silently dropped keyword).
 Producers: rollout strategies, rollout annotators, reward functions (through
 `policyopt.rewards.functions.RewardOutput`) and reward shapers (through
 `ShapingContext.add_structure`). Consumers: advantage estimators, policy losses, reward
-shapers. Values travel in `Rollouts.extras` with the step's N rollouts as first dimension:
+shapers. Values travel in `Rollouts.structure` with the step's N rollouts as first dimension:
 
 - per rollout   [N]
 - per token     [N, R]  (R the response width of the rollouts)
@@ -60,7 +60,7 @@ def needs(*names: str, optional: Iterable[str] = ()) -> Callable[[P], P]:
 
 
 def produces(*names: str) -> Callable[[P], P]:
-    """Declare the structure a producer adds to the step's `Rollouts.extras`."""
+    """Declare the structure a producer adds to the step's `Rollouts.structure`."""
     declared = _names(names)
 
     def mark(part: P) -> P:

@@ -8,14 +8,17 @@ correct it by weighting each token's policy-gradient loss with the truncated rat
 
     w_{i,t} = min(π_old(y_{i,t}) / π_sampler(y_{i,t}), C),
 
-a constant (no gradient) with cap C (they use C = 2). For a loss linear in the advantage
-(PPO's clipped surrogate −min(ρÂ, clip(ρ)Â) is, for w > 0) weighting the loss by w equals
-replacing Â_{i} by Â_{i} w_{i,t}; `tis_weights` gives w. Losses that take one advantage per
-sequence (GSPO's sequence ratio, HISPO's segments) get the sequence-level weight with GSPO's
-length normalisation, w_i = min(exp((1/|y_i|) Σ_t (log π_old − log π_sampler)), C).
+a constant (no gradient) with cap C (they use C = 2); `tis_weights` gives w. Losses at the
+sequence level (GSPO's sequence ratio, HISPO's segments) use the sequence-level weight with
+GSPO's length normalisation, w_i = min(exp((1/|y_i|) Σ_t (log π_old − log π_sampler)), C).
+The trainer computes both once per micro-batch (`ISWeights`) and passes them into the loss
+(`policyopt.core.losses.LossInputs`), which multiplies its loss terms by the weights of its
+own level before aggregating, as verl's losses apply `rollout_is_weights`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -55,3 +58,26 @@ def _check(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float) -> 
         )
     if not cap > 0:
         raise ValueError(f"tis: the cap C must be > 0, got {cap}")
+
+
+@dataclass(frozen=True)
+class ISWeights:
+    """Truncated importance weights of a micro-batch at both levels: per token [N, T] (0 on
+    padding) and per sequence [N]. A loss takes the level its objective uses."""
+
+    token: Tensor
+    sequence: Tensor
+
+    @staticmethod
+    def of(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float) -> ISWeights:
+        return ISWeights(
+            tis_weights(old_logp, sampler_logp, mask, cap),
+            sequence_tis_weights(old_logp, sampler_logp, mask, cap),
+        )
+
+    def token_mean(self, mask: Tensor) -> float:
+        """Mean token weight over the masked tokens."""
+        return float(self.token.sum() / mask.sum().clamp(min=1))
+
+    def sequence_mean(self) -> float:
+        return float(self.sequence.mean()) if len(self.sequence) else 1.0

@@ -30,7 +30,7 @@ from policyopt.models.loading import load_model
 from policyopt.rollout.base import SamplingParams
 from policyopt.rollout.hf_engine import HFEngine
 from policyopt.tasks.arithmetic import ArithmeticTask, solution_style
-from policyopt.trainer.rollout_phase import decode, encode_prompts
+from policyopt.trainer.prompts import decode, encode_prompts
 from policyopt.trainer.sft import completion_batch
 
 

@@ -12,7 +12,7 @@ A function may instead return a `RewardOutput(rewards, structure)`: `structure` 
 for later parts of the step (SRPO's distances between a group's rankings, DRPO's control
 rewards), each per completion [n] or pairwise [n, n] over the call's n completions, under
 names the function declares with `@produces(...)` (`policyopt.core.structure`). They join
-the step's `Rollouts.extras`, where a part that `@needs` them finds them. Plain lists keep
+the step's `Rollouts.structure`, where a part that `@needs` them finds them. Plain lists keep
 working (TRL compatibility).
 
 Named functions live in `REWARD_FUNCTIONS`; `load_reward_function` also takes

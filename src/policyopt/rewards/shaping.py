@@ -2,7 +2,7 @@
 
 A shaper is registered by name in `SHAPERS` as a factory `(**options) -> RewardShaper`.
 The trainer calls each configured shaper in order on every generation round, before the
-group filters, with a `ShapingContext` describing the round.
+group filters, with a `ShapingContext`: its view of the round's batch, the step and the policy.
 
 How the parts compose. The step's reward of rollout i is
 
@@ -17,7 +17,7 @@ How the parts compose. The step's reward of rollout i is
 - A shaper that adds a term instead (DAPO's overlong penalty) returns `rewards` unchanged
   and adds its term with `ctx.add_term(name, values)`; terms add after every transform,
   whatever the order of the shapers (so DocPO's power never sees a negative penalty).
-Group filters look at M' (`policyopt.trainer.rollout_phase`).
+Group filters look at M' (`policyopt.trainer.step`).
 
 A shaper with state (DocPO's dispersion controller) is called once per sampling round, so
 possibly several times per training step (dynamic sampling): it must advance its state at
@@ -29,7 +29,7 @@ before calling the shaper, and names the part that should have produced it other
 marked `@produces(name)` adds its values with `ctx.add_structure({name: tensor})` ([N] per
 rollout or [N, R] per token) or `ctx.add_structure({name: tensor}, pairwise=True)` ([N, N];
 e.g. distances computed from parsed rankings and `ctx.group_ids`). They join the step's
-`Rollouts.extras`, where later shapers, the advantage estimator and the loss find them; the
+`Rollouts.structure`, where later shapers, the advantage estimator and the loss find them; the
 trainer checks that a shaper added exactly what it declared.
 """
 
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -47,27 +47,63 @@ if TYPE_CHECKING:
     from policyopt.rollout.base import Rollouts
 
 
-@dataclass
-class ShapingContext:
-    """What a shaper may look at. `columns` holds each dataset column, one entry per sample."""
+class ShapedRound(Protocol):
+    """What a shaper reads of a sampling round (the trainer's `Batch` is one)."""
 
-    step: int
-    total_steps: int
+    rollouts: Rollouts
     group_ids: torch.Tensor  # [N]
-    correct: torch.Tensor  # [N] bool: passed the verifier
+    correct: torch.Tensor | None  # [N] bool: M >= reward.correct_threshold
     prompts: list[str]
     completions: list[str]
-    columns: dict[str, list[Any]]
-    rollouts: Rollouts
+    columns: dict[str, list[Any]]  # each dataset column, one entry per rollout
+
+    @property
+    def structure(self) -> dict[str, torch.Tensor]: ...
+
+    def add_structure(self, values: dict[str, torch.Tensor], pairwise: bool = False) -> None: ...
+
+
+@dataclass
+class ShapingContext:
+    """A shaper's view of one sampling round: the round's batch, the step, and the policy."""
+
+    batch: ShapedRound
+    step: int
+    total_steps: int
     # The policy and its tokenizer (GAR runs anchors through it), and the LM-head chunking.
     model: Any = None
     tokenizer: Any = None
     logit_chunk_size: int = 1024
-    raw: dict[str, list[float]] = field(default_factory=dict)
     # rollout.max_new_tokens (DAPO's L_max by default).
     max_new_tokens: int | None = None
     # Additive terms of the reward, by name (`add_term`).
     terms: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def group_ids(self) -> torch.Tensor:
+        return self.batch.group_ids
+
+    @property
+    def correct(self) -> torch.Tensor:
+        if self.batch.correct is None:
+            raise ValueError("the round has no verdicts yet (score it before shaping)")
+        return self.batch.correct
+
+    @property
+    def prompts(self) -> list[str]:
+        return self.batch.prompts
+
+    @property
+    def completions(self) -> list[str]:
+        return self.batch.completions
+
+    @property
+    def columns(self) -> dict[str, list[Any]]:
+        return self.batch.columns
+
+    @property
+    def rollouts(self) -> Rollouts:
+        return self.batch.rollouts
 
     def add_term(self, name: str, values: torch.Tensor) -> None:
         """Add a term [N] to the reward, after the task reward's transforms."""
@@ -82,13 +118,12 @@ class ShapingContext:
 
     @property
     def structure(self) -> dict[str, torch.Tensor]:
-        """The step's declared structure so far (`Rollouts.extras`); read it, add with
-        `add_structure`."""
-        return self.rollouts.extras
+        """The step's declared structure so far; read it, add with `add_structure`."""
+        return self.batch.structure
 
     def add_structure(self, values: dict[str, torch.Tensor], pairwise: bool = False) -> None:
         """Add structure for later parts: [N] or [N, R] values, or [N, N] with `pairwise`."""
-        self.rollouts.add_extras(values, pairwise=pairwise)
+        self.batch.add_structure(values, pairwise=pairwise)
 
 
 class RewardShaper:

@@ -56,8 +56,8 @@ class Rollouts:
     hidden: torch.Tensor | None = None  # [N, R, d] when SamplingParams.with_hidden
     # Declared structure (policyopt.core.structure) for later parts of the step: each value
     # is [N] per rollout, [N, R] per token (block ids, segment ids) or [N, N] pairwise.
-    extras: dict[str, torch.Tensor] = field(default_factory=dict)
-    # The names in `extras` that are pairwise [N, N] (R may equal N, so shape cannot tell).
+    structure: dict[str, torch.Tensor] = field(default_factory=dict)
+    # The names in `structure` that are pairwise [N, N] (R may equal N, so shape cannot tell).
     pairwise: frozenset[str] = frozenset()
     # False when the engine could not compute `entropy` (vLLM returns no full distribution:
     # rollout/vllm_engine.py); `entropy` then holds zeros, and what reads it must refuse.
@@ -89,44 +89,46 @@ class Rollouts:
             entropy=self.entropy[index],
             truncated=self.truncated[index],
             hidden=pick(self.hidden),
-            extras={k: select_extra(v, index, k in self.pairwise) for k, v in self.extras.items()},
+            structure={
+                k: select_structure(v, index, k in self.pairwise) for k, v in self.structure.items()
+            },
         )
 
-    def add_extras(self, values: dict[str, torch.Tensor], pairwise: bool = False) -> None:
+    def add_structure(self, values: dict[str, torch.Tensor], pairwise: bool = False) -> None:
         """Add structure (each value's first dim N); `pairwise` marks them [N, N]."""
         for name, value in values.items():
             if pairwise and (value.dim() != 2 or value.shape[1] != value.shape[0]):
                 raise ValueError(
                     f"pairwise structure {name!r} must be [N, N], got {tuple(value.shape)}"
                 )
-        self.extras.update(values)
+        self.structure.update(values)
         names = set(values)
         self.pairwise = (self.pairwise | names) if pairwise else (self.pairwise - names)
 
 
-def select_extra(value: torch.Tensor, index: torch.Tensor, pairwise: bool) -> torch.Tensor:
+def select_structure(value: torch.Tensor, index: torch.Tensor, pairwise: bool) -> torch.Tensor:
     """Rows `index` of a structure value; a pairwise [N, N] one is indexed in both dims."""
     picked = value[index]
     return picked[:, index] if pairwise else picked
 
 
-def concat_extras(
+def concat_structure(
     parts: list[Rollouts], width: int
 ) -> tuple[dict[str, torch.Tensor], frozenset[str]]:
     """Structure of stacked rollouts: [N] values concatenated, [N, R] ones right-padded with 0
     to `width`, pairwise [N, N] ones block-diagonal (0 between parts: rollouts of different
     parts are of different groups, whose entries are never read)."""
-    keys, pairwise = set(parts[0].extras), parts[0].pairwise
+    keys, pairwise = set(parts[0].structure), parts[0].pairwise
     for r in parts[1:]:
-        if set(r.extras) != keys or r.pairwise != pairwise:
+        if set(r.structure) != keys or r.pairwise != pairwise:
             raise ValueError(
                 "cannot concatenate rollouts with different structure: "
-                f"{sorted(keys)} (pairwise {sorted(pairwise)}) and {sorted(r.extras)} "
+                f"{sorted(keys)} (pairwise {sorted(pairwise)}) and {sorted(r.structure)} "
                 f"(pairwise {sorted(r.pairwise)})"
             )
     out = {}
     for k in sorted(keys):
-        values = [r.extras[k] for r in parts]
+        values = [r.structure[k] for r in parts]
         if k in pairwise:
             out[k] = torch.block_diag(*values)
         elif values[0].dim() == 1:
@@ -155,7 +157,7 @@ def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
     hidden = None
     if all(r.hidden is not None for r in parts):
         hidden = torch.cat([right(r.hidden, t, 0.0) for r in parts])
-    extras, pairwise = concat_extras(parts, t)
+    structure, pairwise = concat_structure(parts, t)
     return Rollouts(
         prompt_ids=torch.cat([left(r.prompt_ids, p, pad_id) for r in parts]),
         prompt_mask=torch.cat([left(r.prompt_mask, p, 0) for r in parts]),
@@ -166,7 +168,7 @@ def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
         truncated=torch.cat([r.truncated for r in parts]),
         generated_tokens=sum(r.generated_tokens for r in parts),
         hidden=hidden,
-        extras=extras,
+        structure=structure,
         pairwise=pairwise,
         has_entropy=all(r.has_entropy for r in parts),
     )

@@ -9,7 +9,7 @@ token_ids)` (so slow rewards can start early: `RolloutEngine.generate`); that is
 caller must not depend on.
 
 An annotator adds per-token structure computed at rollout time from what the behaviour
-policy recorded (HISPO's entropy segments) to `Rollouts.extras`; it stays fixed during the
+policy recorded (HISPO's entropy segments) to `Rollouts.structure`; it stays fixed during the
 update.
 """
 

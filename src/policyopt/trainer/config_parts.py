@@ -29,7 +29,7 @@ from policyopt.core.registry import unknown_name_message
 from policyopt.core.structure import needs_of, optional_needs_of
 
 if TYPE_CHECKING:
-    from policyopt.trainer.config import Config
+    from policyopt.trainer.schema import Config
 
 # Keyword parameters the trainer fills itself, per plug point: name -> where it comes from.
 STRATEGY_SUPPLIED = {
@@ -38,9 +38,6 @@ STRATEGY_SUPPLIED = {
     "on_finished": "the trainer (reward prefetch)",
 }
 LOSS_SUPPLIED = {
-    "global_tokens": "the trainer (the batch's token count)",
-    "global_seqs": "the trainer (the batch's sequence count)",
-    "max_len": "rollout.max_new_tokens",
     "agg": "algorithm.agg",
     "clip_low": "algorithm.clip_low",
     "clip_high": "algorithm.clip_high",
@@ -100,7 +97,7 @@ def check_parts(config: Config) -> list[str]:
             f"policy loss {alg.loss!r}",
             loss,
             alg.loss_options,
-            skip=5,
+            skip=1,
             supplied=LOSS_SUPPLIED,
         )
     named(problems, "algorithm.kl_estimator", KL_ESTIMATORS, alg.kl_estimator)

@@ -22,6 +22,7 @@ can generate different numbers of tokens without matching collectives.
 from __future__ import annotations
 
 import os
+from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -314,6 +315,88 @@ def local_state_mb(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[s
         "grads_mb": mb([p for p in params if p.requires_grad]),
         "optimizer_mb": mb(state),
     }
+
+
+# ---------------------------------------------------------------- micro-batch passes
+class MicroBatches:
+    """The micro-batch passes over a minibatch's `rows`, and what they add up to.
+
+    Iterating yields each pass's rows; `backward(loss, metrics, tokens)` then runs its
+    backward and pools its metrics. Under data parallelism each DDP or FSDP2 pass is a
+    collective, so every rank runs as many passes as the busiest one: a rank's extra passes
+    replay its last micro-batch with loss × 0 (a replay counts for nothing), and gradients
+    are synchronised on the last pass only (nanoGPT's one line, as a context around it).
+    `result()` gives the pooled metrics and the summed loss over all ranks."""
+
+    def __init__(
+        self, dist: Dist, rows: torch.Tensor, size: int, wrapped: nn.Module | None = None
+    ) -> None:
+        self.dist, self.rows, self.wrapped = dist, rows, wrapped
+        self.slices = [slice(i, min(i + size, len(rows))) for i in range(0, len(rows), size)]
+        self.passes = dist.max_int(len(self.slices))
+        self.counts = True  # whether the current pass is one of this rank's own
+        self.pool = MetricPool()
+        self.loss_sum = 0.0
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for k in range(self.passes):
+            self.counts = k < len(self.slices)
+            with grad_sync(self.wrapped, last=k == self.passes - 1):
+                yield self.rows[self.slices[min(k, len(self.slices) - 1)]]
+
+    def backward(self, loss: torch.Tensor, metrics: dict[str, float], tokens: float) -> None:
+        if not self.counts:
+            loss = loss * 0.0  # a replay that keeps this rank in step with the collectives
+        loss.backward()
+        if self.counts:
+            self.pool.add(metrics, tokens)
+            self.loss_sum += float(loss.detach())  # micro losses sum to the minibatch loss
+
+    def result(self) -> tuple[dict[str, float], float]:
+        """(metrics pooled over every rank's passes, with `loss` the global loss; tokens)."""
+        pooled = self.pool.merged(self.dist)
+        out = pooled.result()
+        (out["loss"],) = self.dist.sum(self.loss_sum)  # ranks' losses sum to the global one
+        return out, pooled.tokens
+
+
+class MetricPool:
+    """Pools per-part loss metrics into the whole's: `*_min` / `*_max` by min / max, the
+    others (fractions and means over tokens) weighted by each part's token count."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = defaultdict(float)
+        self.extremes: dict[str, float] = {}
+        self.tokens = 0.0
+
+    def add(self, metrics: dict[str, float], tokens: float) -> None:
+        for k, v in metrics.items():
+            if k.endswith("_min"):
+                self.extremes[k] = min(self.extremes.get(k, float("inf")), float(v))
+            elif k.endswith("_max"):
+                self.extremes[k] = max(self.extremes.get(k, float("-inf")), float(v))
+            else:
+                self.sums[k] += float(v) * tokens
+        self.tokens += tokens
+
+    def merged(self, dist: Dist) -> MetricPool:
+        """The pool of every rank's parts (itself without data parallelism)."""
+        if not dist.active:
+            return self
+        whole = MetricPool()
+        for sums, extremes, tokens in dist.gather((dict(self.sums), self.extremes, self.tokens)):
+            for k, v in sums.items():
+                whole.sums[k] += v
+            for k, v in extremes.items():
+                pick = min if k.endswith("_min") else max
+                whole.extremes[k] = pick(whole.extremes.get(k, v), v)
+            whole.tokens += tokens
+        return whole
+
+    def result(self) -> dict[str, float]:
+        out = {k: v / max(self.tokens, 1.0) for k, v in self.sums.items()}
+        out.update(self.extremes)
+        return out
 
 
 # ---------------------------------------------------------------- global statistics

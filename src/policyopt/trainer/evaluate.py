@@ -1,7 +1,7 @@
 """Held-out evaluation: greedy accuracy, and pass@k / avg@k / maj@k from k samples.
 
 A sample is correct when its task reward is >= `correct_threshold`, the config's
-`reward.correct_threshold`: the one value training (accuracy, `rollout_phase`) and
+`reward.correct_threshold`: the one value training (accuracy, `trainer.step`) and
 evaluation both count with, so that e.g. DocPO's continuous rewards count as correct from
 0.99 in both. It has no default here, so no caller can count with another value.
 """
@@ -15,7 +15,7 @@ import datasets
 from policyopt.core import avg_at_k, maj_at_k, pass_at_k
 from policyopt.rollout.base import RolloutEngine, SamplingParams
 from policyopt.tasks.base import Task
-from policyopt.trainer.rollout_phase import decode, encode_prompts
+from policyopt.trainer.prompts import decode, encode_prompts
 
 
 def evaluate(

@@ -21,7 +21,7 @@ def sft_examples(
     task: Task, tokenizer: Any, rows: list[dict[str, Any]], chat: bool = False
 ) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, completion ids + EOS) for every SFT target of `rows`."""
-    from policyopt.trainer.rollout_phase import encode_prompts
+    from policyopt.trainer.prompts import encode_prompts
 
     _, prompt_ids = encode_prompts(task, tokenizer, rows, chat)
     pairs = []

@@ -25,7 +25,7 @@ from policyopt.core.structure import (
 
 if TYPE_CHECKING:
     from policyopt.rollout.base import Rollouts
-    from policyopt.trainer.config import Config
+    from policyopt.trainer.schema import Config
 
 
 def configured_parts(config: Config) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
@@ -79,7 +79,11 @@ def _check_needs(label: str, part: Any, made: set[str]) -> None:
 def step_structure(rollouts: Rollouts) -> dict[str, torch.Tensor]:
     """What consumers may ask for: the built-in values (`core.structure.BUILTIN`) and the
     rollouts' declared structure."""
-    return {"token_mask": rollouts.response_mask, "entropies": rollouts.entropy, **rollouts.extras}
+    return {
+        "token_mask": rollouts.response_mask,
+        "entropies": rollouts.entropy,
+        **rollouts.structure,
+    }
 
 
 def slice_structure(

@@ -1,7 +1,8 @@
-"""The training loop: rollout -> rewards -> shaping -> filter -> advantages -> update, with resume.
+"""The trainer: set-up, the loop over steps, resume, logging and evaluation.
 
-The loop knows the plug points by name only (engines, reward functions, shapers, filters,
-advantage estimators, losses); methods are registered parts and presets, not subclasses.
+The step itself is `policyopt.trainer.step.train_step` over the parts `build_parts` bound
+from the config (rollout -> score -> shape -> filter -> advantage -> update); methods are
+registered parts and presets, not subclasses.
 """
 
 from __future__ import annotations
@@ -10,8 +11,6 @@ import copy
 import gc
 import os
 import random
-import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,24 +18,16 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from policyopt.core import ADVANTAGES, compute_advantages
-from policyopt.core.structure import check_declared_made, check_produced, gather
 from policyopt.core.tis import DEFAULT_TIS_CAP
 from policyopt.models.lora import apply_lora, disabled_adapter
-from policyopt.rewards.functions import RewardPipeline, build_reward_pipeline
-from policyopt.rewards.shaping import SHAPERS, ShapingContext
-from policyopt.rollout.base import ENGINES
-from policyopt.tasks.base import get_task
 from policyopt.trainer import checkpoint as ckpt
 from policyopt.trainer import dist_checkpoint
-from policyopt.trainer.batch import StepBatch
+from policyopt.trainer.batch import Batch
 from policyopt.trainer.config import Config, dump_config
 from policyopt.trainer.data import PromptSampler
 from policyopt.trainer.distributed import (
     full_weights,
-    global_advantages,
     rank_device,
-    rank_slice,
     reduce_metrics,
     setup,
     share,
@@ -45,12 +36,12 @@ from policyopt.trainer.distributed import (
 from policyopt.trainer.evaluate import eval_rows, evaluate
 from policyopt.trainer.metrics_log import MetricsLogger, progress_bar, read_metrics
 from policyopt.trainer.optim import build_optimizer
+from policyopt.trainer.parts import build_parts
 from policyopt.trainer.plot import plot_metrics
 from policyopt.trainer.policy import load_policy
 from policyopt.trainer.resume_check import check_resume_config
-from policyopt.trainer.rollout_phase import RolloutTimes, Scored, collect_batch, generate_and_score
-from policyopt.trainer.structure import check_config_structure, step_structure
-from policyopt.trainer.update import NonFiniteUpdateError, UpdateContext, policy_update
+from policyopt.trainer.step import StepState, train_step
+from policyopt.trainer.update import NonFiniteUpdateError, Optimization
 
 
 def seed_everything(seed: int) -> None:
@@ -69,13 +60,11 @@ class Trainer:
         console: Console | None = None,
     ) -> None:
         self.config = cfg = config
-        check_config_structure(cfg)  # before any model is loaded (load_config checks it too)
         self.console = console or Console()
         if cfg.train.num_threads:
             torch.set_num_threads(cfg.train.num_threads)
         # Data parallelism under torchrun (trainer.distributed); one process: rank 0 of 1.
         self.dist = setup(cfg.train.parallel, cfg.model.device)
-        self.share = share(cfg.rollout.prompts_per_step, self.dist)
         seed_everything(cfg.train.seed)
         self.output_dir = Path(cfg.train.output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -84,7 +73,10 @@ class Trainer:
         self.resume_from = self.dist.broadcast(self._resume_point() if self.dist.is_main else None)
         if self.dist.is_main:
             _write_atomically(self.output_dir / "config.yaml", dump_config(cfg))
-        self.task = get_task(cfg.task.name, **cfg.task.options)
+        # Every part checked and bound to its options, the task built (before any model).
+        self.parts = parts = build_parts(cfg)
+        self.task, self.reward_fn = parts.task, parts.reward
+        self.shapers = [shaper for _, shaper in parts.shapers]
         self.train_rows = self.task.rows("train")
         self.eval_rows = eval_rows(self.task, cfg.eval.size)
         if model is None:
@@ -102,20 +94,10 @@ class Trainer:
                 dropout=lora.dropout,
             )
         self.model, self.tokenizer = model, tokenizer
-        self.pad_id = (
+        pad_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         )
-        self.engine = ENGINES.get(cfg.rollout.engine)(
-            model, tokenizer, batch_size=cfg.rollout.batch_size, **cfg.rollout.engine_options
-        )
-        self.reward_fn: RewardPipeline = build_reward_pipeline(
-            [(f.name, f.weight) for f in cfg.reward.functions],
-            self.task,
-            remote={
-                f.name: cfg.reward.workers.model_dump() for f in cfg.reward.functions if f.remote
-            },
-        )
-        self.shapers = [SHAPERS.get(s.name)(**s.options) for s in cfg.reward.shapers]
+        self.engine = parts.make_engine(model, tokenizer)
         # The reference policy is copied before wrapping (FSDP2 shards the policy in place).
         ref_model = None
         if cfg.algorithm.kl_coef > 0 and not cfg.model.lora.enabled:
@@ -132,12 +114,22 @@ class Trainer:
         )
         params = [p for p in model.parameters() if p.requires_grad]
         updates_per_step = cfg.algorithm.ppo_epochs * cfg.algorithm.minibatches
-        self.optimizer, self.scheduler = build_optimizer(
+        optimizer, scheduler = build_optimizer(
             params, cfg.optim, cfg.train.steps * updates_per_step
         )
-        self.sampler = PromptSampler(len(self.train_rows), cfg.train.seed)
-        self.update_ctx = self._update_context(ref_model)
-        self.step = 0
+        self.optimization = self._optimization(optimizer, scheduler)
+        self.state = StepState(
+            step=0,
+            rows=self.train_rows,
+            sampler=PromptSampler(len(self.train_rows), cfg.train.seed),
+            engine=self.engine,
+            tokenizer=tokenizer,
+            model=model,
+            pad_id=pad_id,
+            share=share(cfg.rollout.prompts_per_step, self.dist),
+            optimization=self.optimization,
+            dist=self.dist,
+        )
         self.generated_tokens = 0  # over the whole run, for train.max_generated_tokens
         # Logs, samples and plots come from rank 0 only.
         self.logger = MetricsLogger(
@@ -150,25 +142,56 @@ class Trainer:
         if self.dist.rank and self.resume_from is None:  # each rank samples its own responses
             seed_everything(cfg.train.seed * 1_000_003 + self.dist.rank)
 
+    # Short names for what the state holds (checkpointing, evaluation and tests read them).
+    @property
+    def step(self) -> int:
+        return self.state.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.state.step = value
+
+    @property
+    def sampler(self) -> PromptSampler:
+        return self.state.sampler
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.optimization.optimizer
+
+    @property
+    def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
+        return self.optimization.scheduler
+
+    @property
+    def pad_id(self) -> int:
+        return self.state.pad_id
+
     # ----------------------------------------------------------------- setup helpers
-    def _update_context(self, ref_model: torch.nn.Module | None) -> UpdateContext:
+    def _optimization(
+        self,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+    ) -> Optimization:
         cfg = self.config
-        ref_context = None
+        reference, reference_context = self.ref_policy, None
         if cfg.algorithm.kl_coef > 0 and cfg.model.lora.enabled:
-            # The reference policy is the base model: the adapter switched off.
-            ref_context = lambda: disabled_adapter(self.model)  # noqa: E731
-        wrapped = self.dist.active
-        return UpdateContext(
-            self.model,
-            self.optimizer,
-            self.scheduler,
-            cfg,
-            ref_model,
-            ref_context,
-            tis_cap=resolve_tis_cap(cfg.algorithm.tis_cap, self.engine.exact_logprobs),
+            # The reference policy is the base model: the policy with its adapter off.
+            reference = self.policy
+            reference_context = lambda: disabled_adapter(self.model)  # noqa: E731
+        return Optimization(
+            model=self.model,
+            policy=self.policy,
+            optimizer=optimizer,
+            scheduler=scheduler,
             dist=self.dist,
-            policy=self.policy if wrapped else None,
-            ref_policy=self.ref_policy if wrapped else None,
+            reference=reference,
+            reference_context=reference_context,
+            ppo_epochs=cfg.algorithm.ppo_epochs,
+            minibatches=cfg.algorithm.minibatches,
+            micro_batch_size=cfg.train.micro_batch_size,
+            max_grad_norm=cfg.optim.max_grad_norm,
+            tis_cap=resolve_tis_cap(cfg.algorithm.tis_cap, self.engine.exact_logprobs),
         )
 
     def _policy_module(self) -> torch.nn.Module:
@@ -237,8 +260,8 @@ class Trainer:
         self.step = state["step"]
         self.generated_tokens = state.get("generated_tokens", 0)
         nonfinite = state.get("nonfinite", {})
-        self.update_ctx.nonfinite_in_a_row = nonfinite.get("in_a_row", 0)
-        self.update_ctx.nonfinite_total = nonfinite.get("total", 0)
+        self.optimization.nonfinite_in_a_row = nonfinite.get("in_a_row", 0)
+        self.optimization.nonfinite_total = nonfinite.get("total", 0)
         if self.dist.is_main:
             self._forget_logs_after(self.step)
             self.console.print(f"resumed from {path} at step {self.step}")
@@ -272,8 +295,8 @@ class Trainer:
             "shapers": [s.state_dict() for s in self.shapers],
             "task": self.task.state_dict(),
             "nonfinite": {
-                "in_a_row": self.update_ctx.nonfinite_in_a_row,
-                "total": self.update_ctx.nonfinite_total,
+                "in_a_row": self.optimization.nonfinite_in_a_row,
+                "total": self.optimization.nonfinite_total,
             },
         }
         # Optimizer and RNG states are added there (sharded under FSDP2; every rank's RNG).
@@ -331,7 +354,7 @@ class Trainer:
         """Why the run must stop (optim.max_nonfinite_updates skipped updates in a row), or
         None."""
         limit = self.config.optim.max_nonfinite_updates
-        count = self.update_ctx.nonfinite_in_a_row
+        count = self.optimization.nonfinite_in_a_row
         if count < limit:
             return None
         latest = ckpt.latest_checkpoint(self.output_dir)
@@ -349,139 +372,14 @@ class Trainer:
         return bool(budget) and self.generated_tokens >= budget
 
     def train_step(self) -> dict[str, float]:
-        cfg = self.config
-        t_start = time.perf_counter()
-        times = RolloutTimes()
-        world = self.dist.world
-        with full_weights(self.policy):  # FSDP2: sample from whole layers, no collectives
-            scored, stats = collect_batch(
-                # Every rank draws the step's global prompts and keeps its share of them.
-                next_indices=lambda k: rank_slice(self.sampler.take(k * world), self.dist),
-                config=cfg,
-                pad_id=self.pad_id,
-                times=times,
-                score_round=lambda idx, offset: self._shape_round(
-                    generate_and_score(
-                        rows=self.train_rows,
-                        indices=idx,
-                        group_offset=offset,
-                        task=self.task,
-                        tokenizer=self.tokenizer,
-                        engine=self.engine,
-                        reward_fn=self.reward_fn,
-                        config=cfg,
-                        times=times,
-                    )
-                ),
-                target=self.share,
-            )
-        # Every rank updates, or none does (each update pass is a collective).
-        (ready,) = self.dist.sum(float(scored is not None))
-        metrics = dict(stats)
-        t_update = time.perf_counter()
-        if ready < world:
-            metrics["skipped_update"] = 1.0
-        else:
-            batch, batch_metrics = self._batch(scored)
-            metrics.update(scored.shaping_metrics)
-            metrics.update(batch_metrics)
-            metrics.update(policy_update(self.update_ctx, batch))
-            self.engine.sync_weights()
-            if cfg.train.log_samples and self.dist.is_main:
-                self._log_samples(batch)
-        t_end = time.perf_counter()
-        metrics.update(
-            {
-                "time/generation": times.generation,
-                "time/scoring": times.scoring,
-                "time/training": t_end - t_update,
-                "time/step": t_end - t_start,
-                "generated_tokens": float(times.generated_tokens),
-                "tokens_per_s": times.generated_tokens / max(t_end - t_start, 1e-9),
-            }
-        )
+        """One step (`policyopt.trainer.step.train_step`), its samples logged; the metrics
+        over all ranks."""
+        batch, metrics = train_step(self.parts, self.state)
+        if batch is not None and self.config.train.log_samples and self.dist.is_main:
+            self._log_samples(batch)
         return reduce_metrics(self.dist, metrics)
 
-    def _shape(self, s: Scored) -> tuple[StepBatch, dict[str, float]]:
-        """One round shaped and made a step batch, without group filtering."""
-        shaped = self._shape_round(s)
-        batch, metrics = self._batch(shaped)
-        return batch, {**shaped.shaping_metrics, **metrics}
-
-    def _shape_round(self, s: Scored) -> Scored:
-        """The shapers on one round (composition: `policyopt.rewards.shaping`):
-        R = w_task · M' + Σ other weighted functions + Σ shaper terms."""
-        cfg = self.config
-        task = s.task_rewards
-        metrics: dict[str, float] = {}
-        ctx = ShapingContext(
-            step=self.step,
-            total_steps=cfg.train.steps,
-            group_ids=s.group_ids,
-            correct=s.correct,
-            prompts=s.prompts,
-            completions=s.completions,
-            columns=s.columns,
-            rollouts=s.rollouts,
-            model=self.model,
-            tokenizer=self.tokenizer,
-            logit_chunk_size=cfg.model.logit_chunk_size,
-            raw=s.per_function,
-            max_new_tokens=cfg.rollout.max_new_tokens,
-        )
-        for spec, shaper in zip(cfg.reward.shapers, self.shapers, strict=True):
-            label, factory = f"reward shaper {spec.name!r}", SHAPERS.get(spec.name)
-            gather(label, factory, step_structure(s.rollouts))
-            before = dict(ctx.structure)
-            task, m = shaper(task, ctx)
-            metrics.update(m)
-            new = {k: v for k, v in ctx.structure.items() if before.get(k) is not v}
-            check_produced(label, factory, new, len(task))
-            check_declared_made(label, factory, ctx.structure)
-        task = task.float()
-        rewards = s.task_weight * task + s.other_rewards
-        for term in ctx.terms.values():
-            rewards = rewards + term.float()
-        return replace(s, rewards=rewards, filter_rewards=task, shaping_metrics=metrics)
-
-    def _batch(self, s: Scored) -> tuple[StepBatch, dict[str, float]]:
-        """Advantages of a (shaped, filtered) batch, and its loss mask."""
-        cfg = self.config
-        rewards = s.rewards
-        metrics: dict[str, float] = {}
-        name = cfg.algorithm.advantage
-        wanted = gather(
-            f"advantage estimator {name!r}", ADVANTAGES.get(name), step_structure(s.rollouts)
-        )
-
-        def estimate(r: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-            return compute_advantages(name, r, g, **wanted, **cfg.algorithm.advantage_options)
-
-        # Estimators of rewards alone see the global batch (REINFORCE++'s batch std); those
-        # that read declared structure (DATPO's blocks, SRPO's distances) are per group, so
-        # per rank (a group never spans ranks).
-        advantages = (
-            estimate(rewards, s.group_ids)
-            if wanted
-            else global_advantages(self.dist, estimate, rewards, s.group_ids)
-        )
-        loss_mask = s.rollouts.response_mask
-        if cfg.algorithm.filter_truncated:  # DAPO's overlong filtering
-            loss_mask = loss_mask * (~s.rollouts.truncated).float()[:, None]
-        batch = StepBatch(
-            rollouts=s.rollouts,
-            group_ids=s.group_ids,
-            prompts=s.prompts,
-            completions=s.completions,
-            rewards=rewards,
-            advantages=advantages,
-            loss_mask=loss_mask,
-        )
-        metrics["advantage/abs_mean"] = float(advantages.abs().mean())
-        metrics["reward/shaped_mean"] = float(rewards.mean())
-        return batch, metrics
-
-    def _log_samples(self, batch: StepBatch) -> None:
+    def _log_samples(self, batch: Batch) -> None:
         k = min(self.config.train.log_samples, len(batch))
         self.logger.log_samples(
             self.step + 1,
@@ -489,7 +387,7 @@ class Trainer:
                 {
                     "prompt": batch.prompts[i],
                     "completion": batch.completions[i],
-                    "reward": float(batch.rewards[i]),
+                    "reward": float(batch.rewards["total"][i]),
                 }
                 for i in range(k)
             ],
@@ -522,7 +420,7 @@ class Trainer:
         self.reward_fn.close()
         if self.dist.active and torch.distributed.is_initialized():
             # Wrappers (DDP's reducer) must go before their process group, or exit hangs.
-            self.policy = self.ref_policy = self.update_ctx = None
+            self.policy = self.ref_policy = self.optimization = self.state = None
             gc.collect()
             torch.distributed.destroy_process_group()
 

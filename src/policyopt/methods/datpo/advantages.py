@@ -66,7 +66,7 @@ def datpo_advantages(
 ) -> Tensor:
     """Per-token advantages [N, R]: each token's block advantage (plus the diversity bonus on
     positive blocks). `block_ids` and `token_mask` [N, R] come from the `datpo_tree` rollout
-    strategy (the trainer passes them from the rollouts' extras)."""
+    strategy (the trainer passes them from the rollouts' structure)."""
     if block_ids is None or token_mask is None:
         raise ValueError(
             "the datpo advantage needs per-token block_ids and token_mask: use it with "

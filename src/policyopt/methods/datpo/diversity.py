@@ -15,7 +15,7 @@ Design: the bonus needs the training step, which the trainer gives shapers (`ctx
 knows. So this shaper leaves the rewards unchanged and writes the per-token candidate bonus
 λ(step) · d(b) of every block as the declared structure `diversity_bonus` (it `@needs`
 `block_ids` and `@produces` `diversity_bonus`, `policyopt.core.structure`); the trainer
-builds the estimator's inputs from those extras after the shapers run, and the `datpo`
+builds the estimator's inputs from those structure after the shapers run, and the `datpo`
 estimator adds it where A(b) > 0.
 
 Embeddings e_b of a block's text (its tokens decoded; a block may hold several sentences):
@@ -139,7 +139,7 @@ def policy_block_embeddings(tree: TreeBlocks, ctx: ShapingContext, micro: int = 
 
 
 class SiblingDiversity(RewardShaper):
-    """Writes λ(step) · d(b) per token to `extras["diversity_bonus"]`; rewards unchanged."""
+    """Writes λ(step) · d(b) per token to `structure["diversity_bonus"]`; rewards unchanged."""
 
     def __init__(self, coef_start: float, coef_end: float, embedder: str) -> None:
         if embedder not in ("auto", "minilm", "policy"):

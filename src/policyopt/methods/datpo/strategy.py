@@ -13,7 +13,7 @@ compute, the same branches. A leaf's response holds the whole path, prefix inclu
 the prefix's sampling log-probs and entropies copied from its base.
 
 Returned: every leaf (base rollouts first, then branches) with its prompt index, and in
-`extras["block_ids"]` [N, R] the id of the block each response token belongs to (blocks are
+`structure["block_ids"]` [N, R] the id of the block each response token belongs to (blocks are
 cut at the forks; a branch's prefix tokens carry its base's ids), which is all the `datpo`
 advantage needs. A prompt's group therefore has between n_base and n_base (1 + k_max b_max)
 leaves, depending on its difficulty and on how many sentences its rollouts have: the
@@ -87,7 +87,7 @@ def datpo_tree(
         for row, p in enumerate(prompt_of.tolist())
     ]
     base_blocks, first_free = _base_block_ids(base, forks)
-    base = replace(base, extras={**base.extras, "block_ids": base_blocks})
+    base = replace(base, structure={**base.structure, "block_ids": base_blocks})
     # One entry per fork point: its base row, position t and number of branches B̂.
     rows = [r for r, ts in enumerate(forks) for _ in ts]
     if not rows:
@@ -113,7 +113,7 @@ def datpo_tree(
     src = torch.tensor(rows).repeat_interleave(torch.tensor(count))
     fork_at = torch.tensor(at).repeat_interleave(torch.tensor(count))
     branches = _splice(base, cont, src, fork_at, pad_id)
-    branches.extras["block_ids"] = _branch_block_ids(
+    branches.structure["block_ids"] = _branch_block_ids(
         base_blocks,
         src,
         fork_at,

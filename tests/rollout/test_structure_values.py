@@ -6,7 +6,7 @@ import torch
 from policyopt.rollout.base import Rollouts, concat_rollouts
 
 
-def rollouts(n: int, width: int, **extras: torch.Tensor) -> Rollouts:
+def rollouts(n: int, width: int, **structure: torch.Tensor) -> Rollouts:
     return Rollouts(
         prompt_ids=torch.ones(n, 2, dtype=torch.long),
         prompt_mask=torch.ones(n, 2, dtype=torch.long),
@@ -22,13 +22,13 @@ def rollouts(n: int, width: int, **extras: torch.Tensor) -> Rollouts:
 def with_structure(n: int, width: int, start: int) -> Rollouts:
     """R = N = 3 for the first part, so that shape alone cannot tell [N, R] from [N, N]."""
     r = rollouts(n, width)
-    r.add_extras(
+    r.add_structure(
         {
             "per_rollout": torch.arange(start, start + n).float(),
             "per_token": torch.arange(n * width).reshape(n, width) + 100 * start,
         }
     )
-    r.add_extras({"pair": torch.arange(n * n).reshape(n, n).float() + 10 * start}, pairwise=True)
+    r.add_structure({"pair": torch.arange(n * n).reshape(n, n).float() + 10 * start}, pairwise=True)
     return r
 
 
@@ -38,24 +38,24 @@ def test_select_indexes_pairwise_structure_in_both_dims():
     for index in (torch.tensor([2, 0]), torch.tensor([True, False, True])):
         s = r.select(index)
         rows = [2, 0] if index.dtype == torch.long else [0, 2]
-        assert s.extras["per_rollout"].tolist() == [float(i) for i in rows]
-        assert s.extras["per_token"].tolist() == [[3 * i, 3 * i + 1, 3 * i + 2] for i in rows]
-        assert s.extras["pair"].tolist() == [[3.0 * i + j for j in rows] for i in rows]
+        assert s.structure["per_rollout"].tolist() == [float(i) for i in rows]
+        assert s.structure["per_token"].tolist() == [[3 * i, 3 * i + 1, 3 * i + 2] for i in rows]
+        assert s.structure["pair"].tolist() == [[3.0 * i + j for j in rows] for i in rows]
         assert s.pairwise == {"pair"}
 
 
 def test_concat_pads_per_token_and_puts_pairwise_on_the_block_diagonal():
     a, b = with_structure(3, 3, start=0), with_structure(2, 4, start=1)
     c = concat_rollouts([a, b], pad_id=0)
-    assert c.extras["per_rollout"].tolist() == [0, 1, 2, 1, 2]
-    assert c.extras["per_token"].tolist() == [
+    assert c.structure["per_rollout"].tolist() == [0, 1, 2, 1, 2]
+    assert c.structure["per_token"].tolist() == [
         [0, 1, 2, 0],
         [3, 4, 5, 0],
         [6, 7, 8, 0],
         [100, 101, 102, 103],
         [104, 105, 106, 107],
     ]
-    assert c.extras["pair"].tolist() == [
+    assert c.structure["pair"].tolist() == [
         [0, 1, 2, 0, 0],
         [3, 4, 5, 0, 0],
         [6, 7, 8, 0, 0],
@@ -64,7 +64,7 @@ def test_concat_pads_per_token_and_puts_pairwise_on_the_block_diagonal():
     ]
     assert c.pairwise == {"pair"}
     # select after concat: both dims of the pairwise value follow the rows.
-    assert c.select(torch.tensor([4, 0])).extras["pair"].tolist() == [[13, 0], [0, 0]]
+    assert c.select(torch.tensor([4, 0])).structure["pair"].tolist() == [[13, 0], [0, 0]]
 
 
 def test_concat_of_different_structure_is_an_error_not_a_silent_drop():
@@ -72,4 +72,4 @@ def test_concat_of_different_structure_is_an_error_not_a_silent_drop():
     with pytest.raises(ValueError, match="different structure"):
         concat_rollouts([a, b], pad_id=0)
     with pytest.raises(ValueError, match=r"must be \[N, N\]"):
-        rollouts(2, 2).add_extras({"x": torch.zeros(2, 3)}, pairwise=True)
+        rollouts(2, 2).add_structure({"x": torch.zeros(2, 3)}, pairwise=True)
