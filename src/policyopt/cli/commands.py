@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from policyopt.recipes import recipe_config
 from policyopt.trainer.config import Config, dump_config, load_config
 
 
@@ -34,26 +35,6 @@ def add_quickstart(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=None)
     add_config_arguments(p)
     p.set_defaults(func=run_quickstart)
-
-
-def recipe_config(
-    recipe: str, overrides: list[str], output_dir: str | None, seed: int | None
-) -> Config:
-    from policyopt.methods import PRESETS
-    from policyopt.recipes import recipe_dict, recipe_names
-
-    extra = list(overrides)
-    if output_dir is not None:
-        extra.append(f"train.output_dir={output_dir}")
-    if seed is not None:
-        extra.append(f"train.seed={seed}")
-    if recipe not in recipe_names() and recipe in PRESETS:
-        # A method without a recipe of its own: its preset over the default recipe.
-        base = recipe_dict("grpo")
-        base["algorithm"] = {"name": recipe}
-    else:
-        base = recipe_dict(recipe)
-    return load_config(None, extra, base=base)
 
 
 def file_config(path: str | None, overrides: list[str]) -> Config:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from policyopt.core.registry import unknown_name_message
+
+if TYPE_CHECKING:
+    from policyopt.trainer.schema import Config
 
 
 def recipe_names() -> list[str]:
@@ -59,3 +62,25 @@ def recipe_dict(
     # advantage, the loss) starts from none of the base's options for it.
     drop_replaced_options(merged, raw)
     return deep_merge(merged, raw)
+
+
+def recipe_config(
+    recipe: str, overrides: list[str], output_dir: str | None, seed: int | None
+) -> Config:
+    """The config of a shipped recipe (or of a method preset over the grpo recipe, for a
+    method without one), with the overrides, output directory and seed."""
+    from policyopt.methods import PRESETS
+    from policyopt.trainer.config import load_config
+
+    extra = list(overrides)
+    if output_dir is not None:
+        extra.append(f"train.output_dir={output_dir}")
+    if seed is not None:
+        extra.append(f"train.seed={seed}")
+    if recipe not in recipe_names() and recipe in PRESETS:
+        # A method without a recipe of its own: its preset over the default recipe.
+        base = recipe_dict("grpo")
+        base["algorithm"] = {"name": recipe}
+    else:
+        base = recipe_dict(recipe)
+    return load_config(None, extra, base=base)

@@ -21,8 +21,8 @@ from typing import Any
 from rich.console import Console
 from scipy.stats import t as student_t
 
-from policyopt.cli.commands import recipe_config
 from policyopt.methods.dmrl.drpo import ALPHA, DELTA, LAMBDA_EDIT
+from policyopt.recipes import recipe_config
 from policyopt.recipes.dmrl_pipeline import run_dmrl_pipeline
 
 _DRPO = {"alpha": ALPHA, "lambda_edit": LAMBDA_EDIT, "delta": DELTA}

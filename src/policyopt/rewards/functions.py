@@ -27,15 +27,21 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from policyopt.core.registry import Registry, unknown_name_message
 from policyopt.core.structure import check_declared_made, check_produced
 
-if TYPE_CHECKING:
-    from policyopt.tasks.base import Task
+
+class Verifier(Protocol):
+    """What the `task` reward function needs of a task (`policyopt.tasks.base.Task` is one)."""
+
+    name: str
+
+    def verify(self, completion: str, row: dict[str, Any]) -> float | None: ...
+
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +109,7 @@ def load_reward_function(spec: str) -> RewardFunction:
     return fn
 
 
-def task_reward_function(task: Task) -> RewardFunction:
+def task_reward_function(task: Verifier) -> RewardFunction:
     """`task.verify` with TRL's signature: row i is `{column: values[i]}` of the columns.
 
     Keyword arguments that are not lists (TRL also passes `trainer_state`, `log_metric`,
@@ -320,7 +326,7 @@ def _as_reward(name: str, index: int, value: Any) -> float | None:
 
 def build_reward_pipeline(
     specs: list[tuple[str, float]],
-    task: Task | None = None,
+    task: Verifier | None = None,
     remote: dict[str, dict[str, Any]] | None = None,
 ) -> RewardPipeline:
     """A pipeline from (name, weight) pairs: the name `task` is `task`'s verifier; any other

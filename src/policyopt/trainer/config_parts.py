@@ -38,6 +38,9 @@ STRATEGY_SUPPLIED = {
     "on_finished": "the trainer (reward prefetch)",
 }
 LOSS_SUPPLIED = {
+    "global_tokens": "the trainer (LossInputs.normalisers: the batch's token count)",
+    "global_seqs": "the trainer (LossInputs.normalisers: the batch's sequence count)",
+    "max_len": "rollout.max_new_tokens (LossInputs.normalisers)",
     "agg": "algorithm.agg",
     "clip_low": "algorithm.clip_low",
     "clip_high": "algorithm.clip_high",

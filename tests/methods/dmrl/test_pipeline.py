@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from policyopt.cli.commands import recipe_config
+from policyopt.recipes import recipe_config
 from policyopt.recipes.dmrl_pipeline import run_dmrl_pipeline
 from policyopt.tasks.adsim.abtest import AdPlatform
 from policyopt.tasks.skilldoc.rule_agent import RuleAgent
