@@ -7,9 +7,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from policyopt.methods.datpo.diversity import MiniLM, minilm_available, policy_block_embeddings
+from policyopt.methods.datpo.diversity import policy_block_embeddings
 from policyopt.methods.datpo.strategy import datpo_tree
 from policyopt.methods.datpo.tree import tree_blocks
+from policyopt.models.embedder import MiniLM, minilm_available
 from policyopt.models.loading import load_model
 from policyopt.models.logprobs import response_logprobs
 from policyopt.rewards.shaping import ShapingContext

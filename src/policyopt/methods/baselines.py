@@ -3,13 +3,15 @@
 A loss's own defaults (clip range, aggregation) live in its function in
 `policyopt.core.losses`; a preset states only what differs from them or what its paper
 fixes. Its loss options belong to its loss: `algorithm.loss=gspo` on the grpo or dapo preset
-starts from GSPO's own 3e-4 / 4e-4 (`policyopt.trainer.config.preset_for`).
+starts from GSPO's own 3e-4 / 4e-4 (`policyopt.trainer.config.drop_replaced_options`; the
+clip range a preset leaves unset is its loss's own, filled by
+`policyopt.trainer.parts.resolve_loss_options`).
 """
 
 from policyopt.methods.presets import register_preset
 
-# DeepSeekMath GRPO: group-normalised advantages, token clip eps = 0.2, per-sequence mean
-# then mean over sequences. The paper's KL (beta = 0.04) is off by default, as in TRL and
+# DeepSeekMath GRPO: group-normalised advantages, token clip eps = 0.2 (ppo_clip's own),
+# per-sequence mean then mean over sequences. The paper's KL (beta = 0.04) is off by default, as in TRL and
 # verl's current recipes: set algorithm.kl_coef=0.04 to use it.
 register_preset(
     "grpo",
@@ -18,8 +20,6 @@ register_preset(
             "advantage": "grpo",
             "loss": "ppo_clip",
             "agg": "seq-mean-token-mean",
-            "clip_low": 0.2,
-            "clip_high": 0.2,
         }
     },
 )
@@ -35,8 +35,7 @@ register_preset(
             "advantage": "grpo",
             "loss": "ppo_clip",
             "agg": "token-mean",
-            "clip_low": 0.2,
-            "clip_high": 0.28,
+            "clip_high": 0.28,  # clip-higher; ε_low = 0.2 is the token clip's own
             "kl_coef": 0.0,
             "dynamic_sampling": True,
         },
@@ -52,8 +51,6 @@ register_preset(
             "advantage": "dr_grpo",
             "loss": "ppo_clip",
             "agg": "seq-mean-token-sum-norm",
-            "clip_low": 0.2,
-            "clip_high": 0.2,
         }
     },
 )
@@ -71,8 +68,6 @@ register_preset(
             "advantage": "rloo",
             "loss": "ppo_clip",
             "agg": "seq-mean-token-sum",
-            "clip_low": 0.2,
-            "clip_high": 0.2,
         }
     },
 )
@@ -85,8 +80,6 @@ register_preset(
             "advantage": "reinforce_pp",
             "loss": "ppo_clip",
             "agg": "token-mean",
-            "clip_low": 0.2,
-            "clip_high": 0.2,
         }
     },
 )

@@ -294,8 +294,6 @@ register_preset(
             "advantage": "grpo",
             "loss": "ppo_clip",
             "agg": "seq-mean-token-mean",
-            "clip_low": 0.2,
-            "clip_high": 0.2,
             "kl_coef": 0.0,
             "group_filter": "docpo",
         },

@@ -155,15 +155,6 @@ class RewardResult:
     def pairwise(self) -> set[str]:
         return {k for k, v in self.structure.items() if v.dim() == 2}
 
-    def metrics(self) -> dict[str, float]:
-        """`reward/<name>/mean` (None as 0) and `reward/<name>/unparseable` for logging."""
-        out = {"reward/total/mean": float(self.total.mean()) if len(self.total) else 0.0}
-        for name, values in self.raw.items():
-            scores = [0.0 if v is None else v for v in values]
-            out[f"reward/{name}/mean"] = sum(scores) / len(scores) if scores else 0.0
-            out[f"reward/{name}/unparseable"] = float(self.unparseable[name])
-        return out
-
 
 class RewardPipeline:
     """Weighted sum of named reward functions: total_i = Σ_f w_f r_f(i), None -> 0."""

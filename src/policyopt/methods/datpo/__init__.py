@@ -22,8 +22,6 @@ register_preset(
             "advantage": "datpo",
             "loss": "ppo_clip",
             "agg": "seq-mean-token-mean",
-            "clip_low": 0.2,
-            "clip_high": 0.2,
         },
         "rollout": {
             "strategy": "datpo_tree",

@@ -26,8 +26,6 @@ register_preset(
             "advantage_options": {"alpha": ALPHA, "lambda_edit": LAMBDA_EDIT, "delta": DELTA},
             "loss": "ppo_clip",
             "agg": "seq-mean-token-mean",
-            "clip_low": 0.2,
-            "clip_high": 0.2,
         },
         "reward": {"functions": [{"name": "dmrl_lrp", "weight": 1.0}]},
     },

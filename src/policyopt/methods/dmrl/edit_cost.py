@@ -74,7 +74,7 @@ class EditCost:
 
     def embed(self, texts: list[str]) -> Tensor:
         if self._embedder is None:
-            from policyopt.methods.datpo.diversity import MiniLM
+            from policyopt.models.embedder import MiniLM
 
             self._embedder = MiniLM()
         return self._embedder(texts)

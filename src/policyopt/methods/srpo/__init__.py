@@ -28,8 +28,6 @@ register_preset(
             "advantage": "srpo",
             "loss": "ppo_clip",
             "agg": "seq-mean-token-mean",
-            "clip_low": 0.2,
-            "clip_high": 0.2,
         },
         "reward": {"shapers": [{"name": "ranking_distances"}]},
     },
