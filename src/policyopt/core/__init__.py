@@ -9,12 +9,14 @@ from policyopt.core.advantages import ADVANTAGES, compute_advantages
 from policyopt.core.aggregation import AGG_MODES, aggregate, global_normalisers
 from policyopt.core.evaluation import avg_at_k, maj_at_k, pass_at_k, pass_at_k_curve
 from policyopt.core.kl import KL_ESTIMATORS, kl_penalty
-from policyopt.core.losses import POLICY_LOSSES, compute_policy_loss
+from policyopt.core.losses import POLICY_LOSSES, LossInputs, Normalisers, compute_policy_loss
 
 __all__ = [
     "ADVANTAGES",
     "AGG_MODES",
     "KL_ESTIMATORS",
+    "LossInputs",
+    "Normalisers",
     "POLICY_LOSSES",
     "aggregate",
     "avg_at_k",
