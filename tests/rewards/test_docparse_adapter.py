@@ -2,8 +2,8 @@
 
 import pytest
 
-from policyopt.rewards.docparse import docparse_reward, docparse_reward_function
 from policyopt.rewards.functions import REWARD_FUNCTIONS, load_reward_function
+from policyopt.tasks.docparse.reward import docparse_reward, docparse_reward_function
 
 TABLE = "<table><tr><td>a</td><td>b</td></tr><tr><td>c</td><td>d</td></tr></table>"  # 7 nodes
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policyopt.rewards import docparse_formula
-from policyopt.rewards.docparse_formula import formula_reward, latex_parses, normalise_latex
+from policyopt.tasks.docparse import formula as docparse_formula
+from policyopt.tasks.docparse.formula import formula_reward, latex_parses, normalise_latex
 
 
 def test_equivalent_formulas_score_at_least_0_8_by_hand():

@@ -8,10 +8,10 @@ import random
 import pytest
 import sympy
 
-from policyopt.rewards import docparse_formula
-from policyopt.rewards.docparse import docparse_reward
-from policyopt.rewards.docparse_formula import formula_reward, formula_rewards, normalise_latex
+from policyopt.tasks.docparse import formula as docparse_formula
 from policyopt.tasks.docparse import make_formula
+from policyopt.tasks.docparse.formula import formula_reward, formula_rewards, normalise_latex
+from policyopt.tasks.docparse.reward import docparse_reward
 
 # (prediction, reference): equivalent, non-equivalent and invalid, expressions and equations
 # (the equation pairs reach the ratio check: scaled, swapped, and different equations).

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from lxml import html
 
-from policyopt.rewards import docparse_table
-from policyopt.rewards.docparse_table import parse_html_table, table_reward, teds
+from policyopt.tasks.docparse import table as docparse_table
+from policyopt.tasks.docparse.table import parse_html_table, table_reward, teds
 
 
 def tbl(*rows: str) -> str:
@@ -257,7 +257,7 @@ def test_a_pair_over_the_time_limit_scores_a_logged_zero_and_the_worker_recovers
     big_a, big_b = grid(40, 48), grid(48, 40)
     docparse_table._worker([tbl("<td>1</td>"), tbl("<td>1</td>"), 2.0, 1.0], 60.0)  # started
     start = time.monotonic()
-    with caplog.at_level("WARNING", logger="policyopt.rewards.docparse_table"):
+    with caplog.at_level("WARNING", logger="policyopt.tasks.docparse.table"):
         assert table_reward(big_a, big_b, timeout_s=0.3) == 0.0
     assert time.monotonic() - start < 10
     assert "no result within 0.3 s" in caplog.text

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from apted import APTED, Config
 
-from policyopt.rewards.docparse_ted import _trees, _work, tree_edit_distance
+from policyopt.tasks.docparse.ted import _trees, _work, tree_edit_distance
 
 
 class Node:

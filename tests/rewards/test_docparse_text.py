@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policyopt.rewards.docparse_text import text_reward
+from policyopt.tasks.docparse.text import text_reward
 
 
 def test_hand_values():

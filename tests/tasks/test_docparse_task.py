@@ -7,7 +7,6 @@ from collections import Counter
 
 import pytest
 
-from policyopt.rewards.docparse import docparse_reward_function
 from policyopt.tasks import TASKS, get_task
 from policyopt.tasks.docparse import (
     MAX_REFERENCE_CHARS,
@@ -21,6 +20,7 @@ from policyopt.tasks.docparse import (
     spoken,
     wrap,
 )
+from policyopt.tasks.docparse.reward import docparse_reward_function
 
 
 def small(**options):

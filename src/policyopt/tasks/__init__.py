@@ -7,7 +7,7 @@ math-verify equivalence); learning to rank: `ltr_synthetic` (embedded), `letor` 
 
 from policyopt.tasks.arithmetic import ArithmeticTask
 from policyopt.tasks.base import TASKS, Task, get_task
-from policyopt.tasks.docparse import DocParseTask  # noqa: F401  (registers `docparse`)
+from policyopt.tasks.docparse import DocParseTask  # noqa: F401  (registers `docparse`, its rewards)
 from policyopt.tasks.hf_dataset import HFDatasetTask
 from policyopt.tasks.ltr_synthetic import SyntheticLTRTask  # noqa: E402  (after ranking)
 from policyopt.tasks.math_task import MathTask

@@ -21,17 +21,17 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from policyopt.rewards.docparse_formula import (
+from policyopt.rewards.functions import REWARD_FUNCTIONS, RewardFunction
+from policyopt.tasks.docparse.formula import (
     DEFAULT_TIMEOUT_S,
     Judge,
     formula_reward,
     formula_rewards,
     prefetch_formula_rewards,
 )
-from policyopt.rewards.docparse_table import DEFAULT_TIMEOUT_S as TABLE_TIMEOUT_S
-from policyopt.rewards.docparse_table import table_reward, teds
-from policyopt.rewards.docparse_text import text_reward
-from policyopt.rewards.functions import REWARD_FUNCTIONS, RewardFunction
+from policyopt.tasks.docparse.table import DEFAULT_TIMEOUT_S as TABLE_TIMEOUT_S
+from policyopt.tasks.docparse.table import table_reward, teds
+from policyopt.tasks.docparse.text import text_reward
 
 __all__ = [
     "ELEMENT_TYPES",

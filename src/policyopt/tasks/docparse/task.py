@@ -47,7 +47,7 @@ another stream skips every eval pair, so no target appears in both, and the eval
 not depend on `train_size`. Row i has type `types[i % T]` and level
 `levels[(i // T) % L]`: every prefix of a split has the same type and level mix.
 
-`verify` is DocPO's reward of the row's type (`policyopt.rewards.docparse`, default costs),
+`verify` is DocPO's reward of the row's type (`policyopt.tasks.docparse.reward`, default costs),
 the same value as the registered `docparse` reward function; None only for an empty
 completion. Anything else, including a table without `<table>` or LaTeX that does not parse,
 is a legitimate 0 under the rewards' conventions.
@@ -71,8 +71,8 @@ from typing import Any
 
 import datasets
 
-from policyopt.rewards.docparse import ELEMENT_TYPES, formula_reward, table_reward, text_reward
 from policyopt.tasks.base import TASKS, Task
+from policyopt.tasks.docparse.reward import ELEMENT_TYPES, formula_reward, table_reward, text_reward
 
 LEVELS = (1, 2, 3)
 WRAP_WIDTH = 24  # scan line width of text blocks from level 2

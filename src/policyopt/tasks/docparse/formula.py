@@ -45,13 +45,10 @@ load it by path without importing the rest of the package.
 from __future__ import annotations
 
 import atexit
-import json
 import math
 import os
 import queue
 import re
-import subprocess
-import sys
 import threading
 import time
 from collections import OrderedDict, deque
@@ -60,6 +57,8 @@ from functools import lru_cache
 from typing import Any
 
 from rapidfuzz.distance import Levenshtein
+
+from policyopt.rewards.workers import TIMED_OUT, Worker, WorkerError
 
 SEMANTIC_WEIGHT = 0.8  # SPEC §5: 0.8 r_sem + 0.2 r_struct
 STRUCTURE_WEIGHT = 0.2
@@ -360,7 +359,7 @@ def _check_stages(pred: str, ref: str | None):
         yield True
         return
     try:
-        yield _equivalent(a, _parse(ref))
+        yield bool(_equivalent(a, _parse(ref)))
     except Exception:
         yield False
 
@@ -526,103 +525,43 @@ def _stop_workers() -> None:
 
 
 class _Worker:
-    """A child Python process answering JSON lines: {"pred", "ref"} -> {"parsed"}, {"equal"}."""
-
-    _BOOT = (
-        "import importlib.util, sys\n"
-        "spec = importlib.util.spec_from_file_location('_docparse_formula_worker', sys.argv[1])\n"
-        "module = importlib.util.module_from_spec(spec)\n"
-        "spec.loader.exec_module(module)\n"
-        "module._serve()\n"
-    )
+    """A `policyopt.rewards.workers.Worker` checking (pred, ref): two replies, `parsed` then
+    `equal`, each within the time limit."""
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", self._BOOT, os.path.abspath(__file__)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            encoding="utf-8",
-            bufsize=1,
+        self.worker = Worker(
+            __name__,
+            "_check_stages",
+            memory_bytes=WORKER_MEMORY_BYTES,
+            warm_up="_warm_up",
+            startup_timeout_s=WORKER_STARTUP_TIMEOUT_S,
         )
-        self.replies: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-        if self._reply(WORKER_STARTUP_TIMEOUT_S) != {"ready": True}:
-            self.kill()
+        try:
+            self.worker.start()
+        except WorkerError:
             raise RuntimeError(
                 "formula_reward: the sympy worker process did not start (is "
                 "latex2sympy2_extended installed?); timeout_s=None runs in this process"
-            )
+            ) from None
 
     def alive(self) -> bool:
-        return self.pid == os.getpid() and self.proc.poll() is None
-
-    def check(self, pred: str, ref: str | None, timeout_s: float) -> tuple[bool, bool]:
-        try:
-            self.proc.stdin.write(json.dumps({"pred": pred, "ref": ref}) + "\n")
-            self.proc.stdin.flush()
-        except OSError:  # the worker died since alive() (e.g. a crash on the last input)
-            self.kill()
-            return False, False
-        parsed = self._reply(timeout_s)  # None: timed out or died on this input
-        if parsed is None:
-            self.kill()
-            return False, False
-        if not parsed["parsed"]:
-            if self._reply(timeout_s) is None:  # the matching {"equal": false}, to stay in step
-                self.kill()
-            return False, False
-        equal = self._reply(timeout_s)
-        if equal is None:
-            self.kill()
-            return True, False
-        return True, bool(equal["equal"])
+        return self.worker.alive()
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        self.worker.kill()
 
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.replies.put(line)
-        self.replies.put(None)
-
-    def _reply(self, timeout_s: float) -> dict | None:
-        """The next reply, or None on a timeout or a dead worker."""
-        try:
-            line = self.replies.get(timeout=timeout_s)
-        except queue.Empty:
-            return None
-        return None if line is None else json.loads(line)
+    def check(self, pred: str, ref: str | None, timeout_s: float) -> tuple[bool, bool]:
+        if not self.worker.request([pred, ref]):  # it died since alive() (a crash)
+            return False, False
+        parsed = self.worker.reply(timeout_s)  # TIMED_OUT: timed out or died on this input
+        if parsed is TIMED_OUT:
+            return False, False
+        equal = self.worker.reply(timeout_s)  # after a failed parse, the matching False
+        if not parsed:
+            return False, False
+        return True, equal is not TIMED_OUT and bool(equal)
 
 
-def _serve() -> None:
-    """Worker loop: replies go to the original stdout; anything else printed goes to stderr."""
-    out = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    try:
-        import resource
-
-        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        cap = (
-            WORKER_MEMORY_BYTES
-            if hard == resource.RLIM_INFINITY
-            else min(hard, WORKER_MEMORY_BYTES)
-        )
-        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
-    except (ImportError, ValueError, OSError):  # not on this platform
-        pass
-    _check_here("x+1", "1+x")  # import and warm up sympy and the LaTeX parser
-    out.write(json.dumps({"ready": True}) + "\n")
-    out.flush()
-    for line in sys.stdin:
-        request = json.loads(line)
-        for key, value in zip(
-            ("parsed", "equal"), _check_stages(request["pred"], request["ref"]), strict=True
-        ):
-            out.write(json.dumps({key: bool(value)}) + "\n")
-            out.flush()
+def _warm_up() -> None:
+    """Import and warm up sympy and the LaTeX parser (in the worker, before it is ready)."""
+    _check_here("x+1", "1+x")

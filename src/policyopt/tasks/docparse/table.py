@@ -33,8 +33,8 @@ Time limit: hostile output can make the exact distance, a cell comparison or the
 seconds to minutes (two 40 × 48 tables: ~6 s here; two 200,000-character cells: ~4 s), in C
 code that nothing interrupts. So with `timeout_s` set (the default, `DEFAULT_TIMEOUT_S`), a
 pair longer than `IN_PROCESS_CHARS` characters together is scored in a worker process
-(`time_limit.TimedFunction`) that is killed when the limit passes, and the reward is then 0,
-with a warning logged. Pairs up to that size score here: they take milliseconds (two
+(`policyopt.rewards.workers.TimedFunction`) that is killed when the limit passes, and the
+reward is then 0, with a warning logged. Pairs up to that size score here: they take milliseconds (two
 ~2,000-character tables of 250 cells: ~0.1 s on a loaded 2-core machine), so the tables of
 a training step pay no inter-process cost. `timeout_s=None` scores everything here, without
 a limit (trusted inputs only).
@@ -53,8 +53,8 @@ from lxml import etree
 from rapidfuzz.distance import Levenshtein
 from rapidfuzz.process import cdist
 
-from policyopt.rewards.docparse_ted import tree_edit_distance
-from policyopt.rewards.time_limit import TIMED_OUT, TimedFunction
+from policyopt.rewards.workers import TIMED_OUT, TimedFunction
+from policyopt.tasks.docparse.ted import tree_edit_distance
 
 CELL_TAGS = ("td", "th")
 MAX_NODE_PAIRS = 4_000_000  # |T_pred| · |T_ref| above which the sequence fallback is used
