@@ -114,13 +114,13 @@ def test_a_run_stopped_by_nonfinite_updates_says_why(tmp_path, capsys, monkeypat
     from policyopt.trainer import update
     from run_configs import small_overrides
 
-    original = update.compute_policy_loss
+    original = update.apply_policy_loss
 
     def nan_loss(*args, **kwargs):
         loss, metrics = original(*args, **kwargs)
         return loss * float("nan"), metrics
 
-    monkeypatch.setattr(update, "compute_policy_loss", nan_loss)
+    monkeypatch.setattr(update, "apply_policy_loss", nan_loss)
     argv = ["train", *small_overrides(tmp_path, steps=3), "optim.max_nonfinite_updates=1"]
     assert main(argv) == 1
     err = capsys.readouterr().err

@@ -28,7 +28,7 @@ def policy_update(trainer: Trainer, batch) -> dict[str, float]:
     return update.update(trainer.parts.loss, batch, trainer.optimization)
 
 
-COMPUTE_POLICY_LOSS = update.compute_policy_loss
+COMPUTE_POLICY_LOSS = update.apply_policy_loss
 
 
 def nan_loss(*args, **kwargs):
@@ -39,7 +39,7 @@ def nan_loss(*args, **kwargs):
 def nan_gradient(*args, **kwargs):
     """A finite loss whose gradient is NaN (a backward hook poisons it)."""
     loss, metrics = COMPUTE_POLICY_LOSS(*args, **kwargs)
-    logp = args[1].logp  # (name, LossInputs)
+    logp = args[2].logp  # (what, fn, LossInputs)
     logp.register_hook(lambda g: torch.full_like(g, float("nan")))
     return loss, metrics
 
@@ -48,7 +48,7 @@ def nan_gradient(*args, **kwargs):
 def test_a_nonfinite_update_is_skipped_and_counted(tmp_path, small_config, monkeypatch, poison):
     trainer = Trainer(small_config(tmp_path, "optim.lr=0.01", steps=1))
     batch = shaped_batch(trainer)
-    monkeypatch.setattr(update, "compute_policy_loss", poison)
+    monkeypatch.setattr(update, "apply_policy_loss", poison)
     before = snapshot(trainer.model)
     metrics = policy_update(trainer, batch)
     trainer.close()
@@ -82,7 +82,7 @@ def poison_steps(trainer: Trainer, steps: set[int], monkeypatch) -> None:
         value, metrics = COMPUTE_POLICY_LOSS(*args, **kwargs)
         return (value * float("nan") if trainer.step in steps else value), metrics
 
-    monkeypatch.setattr(update, "compute_policy_loss", loss)
+    monkeypatch.setattr(update, "apply_policy_loss", loss)
 
 
 def test_two_nonfinite_steps_are_skipped_and_the_run_goes_on(tmp_path, small_config, monkeypatch):

@@ -45,8 +45,16 @@ def compute_advantages(name: str, rewards: Tensor, group_ids: Tensor, **options:
     options: keyword options of that estimator (e.g. `eps`, `scale_by_std`); an unknown
     option is an error that lists the valid ones.
     """
-    fn = ADVANTAGES.get(name)
-    reject_unknown_options(f"advantage estimator {name!r}", fn, options, skip=2)
+    return apply_estimator(
+        f"advantage estimator {name!r}", ADVANTAGES.get(name), rewards, group_ids, **options
+    )
+
+
+def apply_estimator(
+    what: str, fn: Callable[..., Tensor], rewards: Tensor, group_ids: Tensor, /, **options: Any
+) -> Tensor:
+    """`compute_advantages` for an estimator already looked up (`what` names it in errors)."""
+    reject_unknown_options(what, fn, options, skip=2)
     rewards, group_ids = check_rewards(rewards, group_ids)
     return fn(rewards, group_ids, **options)
 

@@ -92,8 +92,14 @@ def compute_policy_loss(
     """Scalar loss (to minimise) and metrics of the policy loss registered as `name`.
 
     options: the loss's own options (e.g. `agg`, `clip_low`, `clip_high`)."""
-    fn = POLICY_LOSSES.get(name)
-    reject_unknown_options(f"policy loss {name!r}", fn, options, skip=1)
+    return apply_policy_loss(f"policy loss {name!r}", POLICY_LOSSES.get(name), inputs, **options)
+
+
+def apply_policy_loss(
+    what: str, fn: LossFn, inputs: LossInputs, /, **options: Any
+) -> tuple[Tensor, dict[str, float]]:
+    """`compute_policy_loss` for a loss already looked up (`what` names it in errors)."""
+    reject_unknown_options(what, fn, options, skip=1)
     valid = check_loss_inputs(inputs.logp, inputs.old_logp, inputs.advantages, inputs.mask)
     # Padding may hold any value (even NaN); zero it so that neither the value nor the
     # gradient of a masked position can leak into the loss.

@@ -130,3 +130,29 @@ def trim(
     ids = torch.cat([prompt_ids[:, start:], response_ids[:, :width]], 1)
     mask = torch.cat([prompt_mask[:, start:], response_mask[:, :width].long()], 1)
     return ids, mask, width
+
+
+def consumer_structure(rollouts: Rollouts) -> dict[str, torch.Tensor]:
+    """What consumers may ask for: the built-in values (`core.structure.BUILTIN`) and the
+    rollouts' declared structure."""
+    return {
+        "token_mask": rollouts.response_mask,
+        "entropies": rollouts.entropy,
+        **rollouts.structure,
+    }
+
+
+def slice_structure(
+    values: dict[str, torch.Tensor], pairwise: frozenset[str], rows: torch.Tensor, width: int
+) -> dict[str, torch.Tensor]:
+    """Micro-batch `rows` of each value: [N] -> [n], [N, R] -> [n, width], [N, N] -> [n, n]."""
+    out = {}
+    for name, value in values.items():
+        picked = value[rows]
+        if name in pairwise:
+            out[name] = picked[:, rows]
+        elif picked.dim() == 2:
+            out[name] = picked[:, :width]
+        else:
+            out[name] = picked
+    return out

@@ -39,10 +39,10 @@ class Part:
     fn: Callable[..., Any]
     options: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def label(self) -> str:
-        """How errors name it: "reward shaper 'gar'"."""
-        return f"{self.kind} {self.name!r}"
+    label: str = field(init=False)  # how errors name it: "reward shaper 'gar'"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "label", f"{self.kind} {self.name!r}")
 
 
 @dataclass

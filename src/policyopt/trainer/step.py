@@ -25,16 +25,15 @@ from typing import Any
 
 import torch
 
-from policyopt.core import compute_advantages
+from policyopt.core.advantages import apply_estimator
 from policyopt.core.structure import check_declared_made, check_produced, gather
 from policyopt.rewards.shaping import ShapingContext
 from policyopt.rollout.base import RolloutEngine, Rollouts
-from policyopt.trainer.batch import Batch
+from policyopt.trainer.batch import Batch, consumer_structure
 from policyopt.trainer.data import PromptSampler
 from policyopt.trainer.distributed import Dist, full_weights, global_advantages, rank_slice
 from policyopt.trainer.parts import Parts
 from policyopt.trainer.prompts import decode, encode_prompts
-from policyopt.trainer.structure import step_structure
 from policyopt.trainer.update import Optimization, update
 
 
@@ -223,7 +222,7 @@ def shape(parts: Parts, state: StepState, batch: Batch) -> Batch:
     task = batch.rewards["task"]
     metrics: dict[str, float] = {}
     for part, shaper in parts.shapers:
-        gather(part.label, part.fn, step_structure(batch.rollouts))
+        gather(part.label, part.fn, consumer_structure(batch.rollouts))
         before = dict(ctx.structure)
         task, m = shaper(task, ctx)
         metrics.update(m)
@@ -251,10 +250,10 @@ def group_filter(parts: Parts, batch: Batch) -> torch.Tensor:
 def advantage(parts: Parts, dist: Dist, batch: Batch) -> Batch:
     """4. Advantages of the step's rewards R, and the loss mask."""
     est = parts.advantage
-    wanted = gather(est.label, est.fn, step_structure(batch.rollouts))
+    wanted = gather(est.label, est.fn, consumer_structure(batch.rollouts))
 
     def estimate(r: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        return compute_advantages(est.name, r, g, **wanted, **est.options)
+        return apply_estimator(est.label, est.fn, r, g, **wanted, **est.options)
 
     # Estimators of rewards alone see the global batch (REINFORCE++'s batch std); those
     # that read declared structure (DATPO's blocks, SRPO's distances) are per group, so

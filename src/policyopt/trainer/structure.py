@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from policyopt.core.structure import (
     BUILTIN,
     MissingStructureError,
@@ -24,7 +22,6 @@ from policyopt.core.structure import (
 )
 
 if TYPE_CHECKING:
-    from policyopt.rollout.base import Rollouts
     from policyopt.trainer.schema import Config
 
 
@@ -74,29 +71,3 @@ def _check_needs(label: str, part: Any, made: set[str]) -> None:
     for name in needs_of(part):
         if name not in made:
             raise MissingStructureError(missing_message(label, name, "this config"))
-
-
-def step_structure(rollouts: Rollouts) -> dict[str, torch.Tensor]:
-    """What consumers may ask for: the built-in values (`core.structure.BUILTIN`) and the
-    rollouts' declared structure."""
-    return {
-        "token_mask": rollouts.response_mask,
-        "entropies": rollouts.entropy,
-        **rollouts.structure,
-    }
-
-
-def slice_structure(
-    values: dict[str, torch.Tensor], pairwise: frozenset[str], rows: torch.Tensor, width: int
-) -> dict[str, torch.Tensor]:
-    """Micro-batch `rows` of each value: [N] -> [n], [N, R] -> [n, width], [N, N] -> [n, n]."""
-    out = {}
-    for name, value in values.items():
-        picked = value[rows]
-        if name in pairwise:
-            out[name] = picked[:, rows]
-        elif picked.dim() == 2:
-            out[name] = picked[:, :width]
-        else:
-            out[name] = picked
-    return out

@@ -20,14 +20,13 @@ from typing import Any
 
 import torch
 
-from policyopt.core import aggregate, compute_policy_loss, global_normalisers, kl_penalty
-from policyopt.core.losses import LossInputs, Normalisers
+from policyopt.core import aggregate, global_normalisers, kl_penalty
+from policyopt.core.losses import LossInputs, Normalisers, apply_policy_loss
 from policyopt.core.structure import gather
 from policyopt.core.tis import ISWeights
 from policyopt.rollout.base import require_entropy
-from policyopt.trainer.batch import Batch, trim
+from policyopt.trainer.batch import Batch, consumer_structure, slice_structure, trim
 from policyopt.trainer.distributed import Dist, MetricPool, MicroBatches, to_local_float
-from policyopt.trainer.structure import slice_structure, step_structure
 
 # How a KL term is averaged for a loss with its own normalisation (no `agg`: gspo, hispo):
 # per sequence, then over sequences.
@@ -57,7 +56,7 @@ class BoundLoss:
         return self.options.get("agg", KL_AGG_DEFAULT)
 
     def __call__(self, inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
-        return compute_policy_loss(self.name, inputs, **self.options)
+        return apply_policy_loss(self.label, self.fn, inputs, **self.options)
 
 
 @dataclass
@@ -158,7 +157,7 @@ def minibatch_step(
     tokens, seqs = opt.dist.sum(*global_normalisers(loss_mask[minibatch]))
     norms = Normalisers(global_tokens=tokens, global_seqs=seqs, max_len=loss.max_len)
     # Declared structure the loss needs (HISPO: segment ids, rollout-time entropies).
-    wanted = gather(loss.label, loss.fn, step_structure(r))
+    wanted = gather(loss.label, loss.fn, consumer_structure(r))
     if "entropies" in wanted:
         require_entropy(r, loss.label)
     passes = MicroBatches(opt.dist, minibatch, opt.micro_batch_size, opt.policy)
