@@ -23,14 +23,14 @@ def makes_widgets():
     return None
 
 
-@needs("widget_ids", "token_mask", optional=("bonus",))
-def uses_widgets(rewards, group_ids, *, widget_ids, token_mask, bonus=None):
-    return widget_ids, token_mask, bonus
+@needs("widget_ids", "response_mask", optional=("bonus",))
+def uses_widgets(rewards, group_ids, *, widget_ids, response_mask, bonus=None):
+    return widget_ids, response_mask, bonus
 
 
 def test_decorators_set_tuples_on_functions_and_classes():
     assert makes_widgets.produces == ("widget_ids", "widget_sizes")
-    assert uses_widgets.needs == ("widget_ids", "token_mask")
+    assert uses_widgets.needs == ("widget_ids", "response_mask")
     assert uses_widgets.optional_needs == ("bonus",)
 
     @needs("a")
@@ -45,9 +45,9 @@ def test_decorators_set_tuples_on_functions_and_classes():
 
 def test_gather_passes_needed_values_and_optional_ones_only_when_present():
     ids, mask, bonus, other = (torch.tensor([i]) for i in range(4))
-    got = gather("c", uses_widgets, {"widget_ids": ids, "token_mask": mask, "other": other})
-    assert set(got) == {"widget_ids", "token_mask"} and got["widget_ids"] is ids
-    got = gather("c", uses_widgets, {"widget_ids": ids, "token_mask": mask, "bonus": bonus})
+    got = gather("c", uses_widgets, {"widget_ids": ids, "response_mask": mask, "other": other})
+    assert set(got) == {"widget_ids", "response_mask"} and got["widget_ids"] is ids
+    got = gather("c", uses_widgets, {"widget_ids": ids, "response_mask": mask, "bonus": bonus})
     assert got["bonus"] is bonus
     assert gather("c", lambda r, g: r, {"widget_ids": ids}) == {}  # declares nothing
 
@@ -55,7 +55,7 @@ def test_gather_passes_needed_values_and_optional_ones_only_when_present():
 def test_missing_input_names_consumer_name_and_registered_producers():
     assert "test part 'makes_widgets'" in registered_producers("widget_ids")
     with pytest.raises(MissingStructureError) as err:
-        gather("advantage estimator 'uses'", uses_widgets, {"token_mask": torch.ones(1)})
+        gather("advantage estimator 'uses'", uses_widgets, {"response_mask": torch.ones(1)})
     message = str(err.value)
     assert "advantage estimator 'uses'" in message and "'widget_ids'" in message
     assert "test part 'makes_widgets'" in message

@@ -109,13 +109,13 @@ EXPECTED = torch.tensor(
 
 
 def test_block_advantages_by_hand():
-    adv = compute_advantages("datpo", REWARDS, GROUPS, block_ids=BLOCKS, token_mask=MASK)
+    adv = compute_advantages("datpo", REWARDS, GROUPS, block_ids=BLOCKS, response_mask=MASK)
     assert adv.shape == BLOCKS.shape
     torch.testing.assert_close(adv, EXPECTED)
 
 
 def test_path_sums_telescope_to_reward_minus_root_value():
-    adv = compute_advantages("datpo", REWARDS, GROUPS, block_ids=BLOCKS, token_mask=MASK)
+    adv = compute_advantages("datpo", REWARDS, GROUPS, block_ids=BLOCKS, response_mask=MASK)
     root = torch.tensor([0.5, 0.5, 0.5, 0.5, 0.65, 0.65])
     for row in range(len(REWARDS)):
         ids = BLOCKS[row][MASK[row] > 0]
@@ -129,10 +129,10 @@ def test_no_fork_is_reward_minus_group_mean_and_equal_rewards_give_exact_zeros()
     mask = (blocks >= 0).float()
     groups = torch.zeros(3, dtype=torch.long)
     rewards = torch.tensor([1.0, 0.0, 0.5])
-    adv = compute_advantages("datpo", rewards, groups, block_ids=blocks, token_mask=mask)
+    adv = compute_advantages("datpo", rewards, groups, block_ids=blocks, response_mask=mask)
     torch.testing.assert_close(adv, torch.tensor([[0.5, 0.5], [-0.5, -0.5], [0.0, 0.0]]))
     flat = compute_advantages(
-        "datpo", torch.full((3,), 0.1), groups, block_ids=blocks, token_mask=mask
+        "datpo", torch.full((3,), 0.1), groups, block_ids=blocks, response_mask=mask
     )
     assert torch.equal(flat, torch.zeros(3, 2))
 
@@ -178,7 +178,7 @@ def test_bonus_only_on_positive_blocks_by_hand():
             bonus[row, t] = values.get(b, 0.0) if b >= 0 else 0.0
     bonus[4, :2], bonus[5, :4] = 0.7, 0.8
     adv = compute_advantages(
-        "datpo", REWARDS, GROUPS, block_ids=BLOCKS, token_mask=MASK, diversity_bonus=bonus
+        "datpo", REWARDS, GROUPS, block_ids=BLOCKS, response_mask=MASK, diversity_bonus=bonus
     )
     expected = EXPECTED.clone()
     expected[[0, 1, 2], :2] += 0.1  # a0: 1/6 > 0
@@ -195,7 +195,7 @@ def shaping_context(step: int, total: int) -> ShapingContext:
         response_ids=torch.ones(n, width, dtype=torch.long),
         response_mask=MASK,
         logp=torch.zeros(n, width),
-        entropy=torch.zeros(n, width),
+        entropies=torch.zeros(n, width),
         truncated=torch.zeros(n, dtype=torch.bool),
         generated_tokens=0,
         structure={"block_ids": BLOCKS},

@@ -53,7 +53,9 @@ def test_greedy_branches_from_the_shared_cache_equal_greedy_from_scratch(tiny):
             assert int(out.lengths[r]) == n
             assert torch.equal(out.response_ids[r, :n], ref.response_ids[0, :n])
             torch.testing.assert_close(out.logp[r, :n], ref.logp[0, :n], atol=1e-4, rtol=0)
-            torch.testing.assert_close(out.entropy[r, :n], ref.entropy[0, :n], atol=1e-4, rtol=0)
+            torch.testing.assert_close(
+                out.entropies[r, :n], ref.entropies[0, :n], atol=1e-4, rtol=0
+            )
             torch.testing.assert_close(out.hidden[r, :n], ref.hidden[0, :n], atol=1e-4, rtol=0)
             assert bool(out.truncated[r]) == bool(ref.truncated[0])
     assert out.generated_tokens == int(out.response_mask.sum())
@@ -162,7 +164,7 @@ class FixedBaseEngine(HFEngine):
             response_ids=resp,
             response_mask=mask,
             logp=-0.5 * mask,
-            entropy=ent,
+            entropies=ent,
             truncated=torch.zeros(len(ids), dtype=torch.bool),
             generated_tokens=int(mask.sum()),
         )
@@ -192,7 +194,7 @@ def test_sentence_forks_share_the_base_prefix_with_exact_token_counts(tiny):
     for r in (2, 3):
         assert torch.equal(leaves.response_ids[r, :18], base_ids[:18])
         assert torch.equal(leaves.logp[r, :18], torch.full((18,), -0.5))  # copied from base
-        assert torch.equal(leaves.entropy[r, :18], leaves.entropy[0, :18])
+        assert torch.equal(leaves.entropies[r, :18], leaves.entropies[0, :18])
         assert torch.equal(leaves.prompt_ids[r], leaves.prompt_ids[0])
         assert leaves.structure["block_ids"][r, :18].tolist() == [0] * 18
         n = int(leaves.lengths[r])
@@ -292,7 +294,7 @@ def test_policy_embeddings_are_mean_hidden_states_per_block(tiny):
         response_ids=ids,
         response_mask=torch.ones(2, 10),
         logp=torch.zeros(2, 10),
-        entropy=torch.zeros(2, 10),
+        entropies=torch.zeros(2, 10),
         truncated=torch.zeros(2, dtype=torch.bool),
         generated_tokens=13,
         structure={"block_ids": blocks},

@@ -77,7 +77,7 @@ def make_ctx(model, tok, batch=BATCH, groups=GROUPS, columns=None, step=0, with_
         response_ids=response_ids,
         response_mask=response_mask,
         logp=torch.zeros(n, r_width),
-        entropy=torch.zeros(n, r_width),
+        entropies=torch.zeros(n, r_width),
         truncated=torch.zeros(n, dtype=torch.bool),
         generated_tokens=int(response_mask.sum()),
     )

@@ -194,7 +194,7 @@ def test_annotator_segments_rollout_entropies():
         response_ids=torch.zeros(2, 100, dtype=torch.long),
         response_mask=mask,
         logp=torch.zeros(2, 100),
-        entropy=entropy,
+        entropies=entropy,
         truncated=torch.zeros(2, dtype=torch.bool),
         generated_tokens=180,
     )

@@ -45,7 +45,7 @@ def lm_context(completions, group_ids, labels):
         response_ids=empty.long(),
         response_mask=empty,
         logp=empty,
-        entropy=empty,
+        entropies=empty,
         truncated=torch.zeros(n, dtype=torch.bool),
         generated_tokens=n,
     )

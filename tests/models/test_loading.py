@@ -83,7 +83,7 @@ def test_smollm2_from_gguf(tmp_path) -> None:
         ref = naive_response_logprobs(model, ids, mask, width, with_entropy=True)
     real = dec["attention_mask"].bool()
     torch.testing.assert_close(got.logp[real], ref.logp[real], atol=1e-4, rtol=0)
-    torch.testing.assert_close(got.entropy[real], ref.entropy[real], atol=1e-4, rtol=0)
+    torch.testing.assert_close(got.entropies[real], ref.entropies[real], atol=1e-4, rtol=0)
     assert got.logp[real].max() < 0 and got.logp[real].min() > -30
     # De-quantised weights are plain weights: save_pretrained works (the SFT cache and
     # merged checkpoints need it; transformers refuses to save a model marked as GGUF) and the

@@ -59,12 +59,12 @@ def test_chunked_equals_naive(model, temperature: float) -> None:
     kwargs = {"temperature": temperature, "with_entropy": True, "with_hidden": True}
     got = response_logprobs(model, ids, mask, R, chunk_size=4, **kwargs)  # 4 < B * R = 15
     ref = naive_response_logprobs(model, ids, mask, R, **kwargs)
-    assert got.logp.shape == got.entropy.shape == (3, R)
+    assert got.logp.shape == got.entropies.shape == (3, R)
     assert got.hidden.shape == (3, R, 32)
     torch.testing.assert_close(got.logp, ref.logp, atol=1e-5, rtol=0)
-    torch.testing.assert_close(got.entropy, ref.entropy, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got.entropies, ref.entropies, atol=1e-5, rtol=0)
     torch.testing.assert_close(got.hidden, ref.hidden, atol=1e-5, rtol=0)
-    assert got.entropy.requires_grad is False
+    assert got.entropies.requires_grad is False
 
 
 def test_padded_rows_equal_unpadded_rows_run_alone(model) -> None:
@@ -79,7 +79,7 @@ def test_padded_rows_equal_unpadded_rows_run_alone(model) -> None:
         logp = torch.log(probs.gather(-1, row[0, p:, None]).squeeze(-1))
         entropy = -(probs * torch.log(probs)).sum(-1)
         torch.testing.assert_close(got.logp[b, :r], logp, atol=1e-5, rtol=0)
-        torch.testing.assert_close(got.entropy[b, :r], entropy, atol=1e-5, rtol=0)
+        torch.testing.assert_close(got.entropies[b, :r], entropy, atol=1e-5, rtol=0)
 
 
 def test_gradients_equal_naive(model) -> None:
@@ -105,7 +105,7 @@ def test_bfloat16_model(model) -> None:
     ref = naive_response_logprobs(half, ids, mask, R, with_entropy=True)
     assert got.logp.dtype == torch.float32
     torch.testing.assert_close(got.logp, ref.logp, atol=1e-3, rtol=0)
-    torch.testing.assert_close(got.entropy, ref.entropy, atol=1e-3, rtol=0)
+    torch.testing.assert_close(got.entropies, ref.entropies, atol=1e-3, rtol=0)
     got.logp.sum().backward()
     assert half.lm_head.weight.grad.dtype == torch.bfloat16
     assert half.model.layers[0].mlp.up_proj.weight.grad.abs().sum() > 0
@@ -246,7 +246,7 @@ def test_shared_prompts_take_one_prompt_pass_and_equal_naive(model) -> None:
     assert lengths == [3, 6]  # the 3 distinct prompts, then the 6 responses
     ref = naive_response_logprobs(model, ids, mask, R, **kwargs)
     torch.testing.assert_close(got.logp, ref.logp, atol=1e-5, rtol=0)
-    torch.testing.assert_close(got.entropy, ref.entropy, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got.entropies, ref.entropies, atol=1e-5, rtol=0)
     torch.testing.assert_close(got.hidden, ref.hidden, atol=1e-5, rtol=0)
 
 

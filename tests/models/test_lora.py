@@ -71,7 +71,7 @@ def test_logprobs_through_peft_match_naive(model_dir) -> None:
             got = response_logprobs(model, IDS, MASK, 4, chunk_size=3, with_entropy=True)
             ref = naive_response_logprobs(model, IDS, MASK, 4, with_entropy=True)
         torch.testing.assert_close(got.logp, ref.logp, atol=1e-5, rtol=0)
-        torch.testing.assert_close(got.entropy, ref.entropy, atol=1e-5, rtol=0)
+        torch.testing.assert_close(got.entropies, ref.entropies, atol=1e-5, rtol=0)
 
 
 def test_merge_gives_adapted_output(model_dir) -> None:

@@ -47,7 +47,7 @@ def test_logprobs_equal_core_pl_on_candidates():
     assert torch.allclose(out.logp[0], want0[0], atol=1e-5)
     assert float(out.logp[1, 0]) == pytest.approx(float(want1[0, 0]), abs=1e-5)
     assert float(out.logp[1, 1]) == 0.0  # padding position
-    assert out.entropy is not None and (out.entropy[0] > 0).all()
+    assert out.entropies is not None and (out.entropies[0] > 0).all()
 
 
 def test_placing_a_non_candidate_is_an_error():

@@ -39,7 +39,7 @@ def test_sampling_logp_and_entropy_match_full_forward(tiny) -> None:
     )
     m = r.response_mask.bool()
     assert torch.allclose(r.logp[m], ref.logp[m], atol=1e-5)
-    assert torch.allclose(r.entropy[m], ref.entropy[m], atol=1e-4)
+    assert torch.allclose(r.entropies[m], ref.entropies[m], atol=1e-4)
     assert r.generated_tokens == int(r.response_mask.sum())
 
 

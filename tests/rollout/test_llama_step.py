@@ -94,7 +94,7 @@ def test_generation_is_the_same_with_and_without_the_direct_step(tiny, monkeypat
     assert len(calls) == 11  # the first run decoded through the direct step, the second not
     assert torch.equal(a.response_ids, b.response_ids)
     assert torch.equal(a.response_mask, b.response_mask)
-    assert torch.equal(a.logp, b.logp) and torch.equal(a.entropy, b.entropy)
+    assert torch.equal(a.logp, b.logp) and torch.equal(a.entropies, b.entropies)
     assert torch.equal(a.hidden, b.hidden)  # the LM head's hook (GAR) still fires
     for la, lb in zip(kept_a.caches[0].layers, kept_b.caches[0].layers, strict=True):
         assert torch.equal(la.keys, lb.keys) and torch.equal(la.values, lb.values)

@@ -13,7 +13,7 @@ def rollouts(n: int, width: int, **structure: torch.Tensor) -> Rollouts:
         response_ids=torch.ones(n, width, dtype=torch.long),
         response_mask=torch.ones(n, width),
         logp=torch.zeros(n, width),
-        entropy=torch.zeros(n, width),
+        entropies=torch.zeros(n, width),
         truncated=torch.zeros(n, dtype=torch.bool),
         generated_tokens=n * width,
     )

@@ -49,7 +49,7 @@ def trainer_logp(model, r):
 def test_generations_have_the_trainers_logprobs_and_entropies(tiny) -> None:
     model, tok, engine = tiny
     r = engine.generate(prompts(tok) * 4, SamplingParams(max_new_tokens=24, temperature=T))
-    assert len(r) == 12 and r.has_entropy
+    assert len(r) == 12 and r.has_entropies
     assert r.generated_tokens == int(r.response_mask.sum()) > 0
     for row, n, trunc in zip(r.response_ids, r.lengths, r.truncated, strict=True):
         eos = (row[:n] == tok.eos_token_id).nonzero()
@@ -61,7 +61,7 @@ def test_generations_have_the_trainers_logprobs_and_entropies(tiny) -> None:
     ref = trainer_logp(model, r)
     m = r.response_mask.bool()
     assert torch.allclose(r.logp[m], ref.logp[m], atol=1e-4)
-    assert torch.allclose(r.entropy[m], ref.entropy[m], atol=1e-4)
+    assert torch.allclose(r.entropies[m], ref.entropies[m], atol=1e-4)
     # Prompts are left-padded as the trainer expects.
     assert torch.equal(r.prompt_ids[0, -len(prompts(tok)[0]) :], torch.tensor(prompts(tok)[0]))
 
@@ -89,7 +89,7 @@ def test_without_entropies_hispo_segments_refuse(tiny) -> None:
         r = engine.generate(prompts(tok), SamplingParams(max_new_tokens=8, temperature=T))
     finally:
         engine.entropies = "trainer"
-    assert not r.has_entropy
+    assert not r.has_entropies
     with pytest.raises(MissingEntropyError, match="entropies=trainer"):
         hispo_segments(r)
     with pytest.raises(ValueError, match="hidden states"):

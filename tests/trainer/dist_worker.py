@@ -59,7 +59,7 @@ def global_batch() -> Batch:
         response_ids=response_ids,
         response_mask=response_mask,
         logp=torch.zeros(n, R),
-        entropy=torch.rand(n, R, generator=g),
+        entropies=torch.rand(n, R, generator=g),
         truncated=lengths == R,
         generated_tokens=int(lengths.sum()),
     )

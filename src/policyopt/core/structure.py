@@ -35,7 +35,7 @@ P = TypeVar("P")
 
 # Values the trainer supplies itself for every step: they are always present.
 BUILTIN = {
-    "token_mask": "the response mask [N, R] (1 = generated token)",
+    "response_mask": "the response mask [N, R] (1 = generated token)",
     "entropies": "the rollout-time token entropies [N, R] of the behaviour policy",
 }
 

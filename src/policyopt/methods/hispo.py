@@ -29,7 +29,7 @@ from torch import Tensor
 
 from policyopt.core.structure import produces
 from policyopt.methods.presets import register_preset
-from policyopt.rollout.base import Rollouts, require_entropy
+from policyopt.rollout.base import Rollouts, require_entropies
 from policyopt.rollout.strategies import ROLLOUT_ANNOTATORS
 
 # EMA positions computed together as one matrix product (the recurrence runs across blocks).
@@ -139,9 +139,9 @@ def hispo_segments(
     rollouts: Rollouts, alpha: float = 0.1, quantile: float = 0.6, window: int = 64
 ) -> dict[str, Tensor]:
     """{"segment_ids": [N, R]} from the rollout-time entropies (SPEC section 2, steps 1-5)."""
-    require_entropy(rollouts, "the hispo_segments annotator")
+    require_entropies(rollouts, "the hispo_segments annotator")
     ids = build_segments(
-        rollouts.entropy, rollouts.response_mask, alpha=alpha, quantile=quantile, window=window
+        rollouts.entropies, rollouts.response_mask, alpha=alpha, quantile=quantile, window=window
     )
     return {"segment_ids": ids}
 

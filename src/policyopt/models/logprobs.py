@@ -45,7 +45,7 @@ class LogProbOutput:
     """
 
     logp: torch.Tensor
-    entropy: torch.Tensor | None = None
+    entropies: torch.Tensor | None = None
     hidden: torch.Tensor | None = None
 
 
@@ -260,7 +260,7 @@ def response_logprobs(
     )
     return LogProbOutput(
         logp=logp.view(batch, response_len),
-        entropy=entropy.view(batch, response_len) if entropy is not None else None,
+        entropies=entropy.view(batch, response_len) if entropy is not None else None,
         hidden=hidden if with_hidden else None,
     )
 
@@ -401,4 +401,4 @@ def naive_response_logprobs(
         with torch.no_grad():
             entropy = -(logprobs.exp() * logprobs).sum(-1)
     hidden = captured[0][:, window] if with_hidden else None
-    return LogProbOutput(logp=logp, entropy=entropy, hidden=hidden)
+    return LogProbOutput(logp=logp, entropies=entropy, hidden=hidden)

@@ -109,7 +109,7 @@ class PLRanker(nn.Module):
         entropy = None
         if with_entropy:
             entropy = plackett_luce_entropy(z, local).masked_fill(~rmask, 0.0)
-        return LogProbOutput(logp=logp, entropy=entropy)
+        return LogProbOutput(logp=logp, entropies=entropy)
 
     # ------------------------------------------------------------------ save / load
     def save_pretrained(self, folder: str | Path, safe_serialization: bool = True) -> None:

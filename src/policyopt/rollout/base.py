@@ -49,7 +49,7 @@ class Rollouts:
     response_ids: torch.Tensor  # [N, R] long
     response_mask: torch.Tensor  # [N, R] float (1 = generated token)
     logp: torch.Tensor  # [N, R] sampling log-probs (temperature-scaled distribution)
-    entropy: torch.Tensor  # [N, R] entropy of the sampling distribution
+    entropies: torch.Tensor  # [N, R] entropy of the sampling distribution
     truncated: torch.Tensor  # [N] bool: hit max_new_tokens without EOS
     # Tokens the engine actually generated (a tree counts a shared prefix once).
     generated_tokens: int
@@ -61,7 +61,7 @@ class Rollouts:
     pairwise: frozenset[str] = frozenset()
     # False when the engine could not compute `entropy` (vLLM returns no full distribution:
     # rollout/vllm_engine.py); `entropy` then holds zeros, and what reads it must refuse.
-    has_entropy: bool = True
+    has_entropies: bool = True
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -86,7 +86,7 @@ class Rollouts:
             response_ids=self.response_ids[index],
             response_mask=self.response_mask[index],
             logp=self.logp[index],
-            entropy=self.entropy[index],
+            entropies=self.entropies[index],
             truncated=self.truncated[index],
             hidden=pick(self.hidden),
             structure={
@@ -164,13 +164,13 @@ def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
         response_ids=torch.cat([right(r.response_ids, t, pad_id) for r in parts]),
         response_mask=torch.cat([right(r.response_mask, t, 0.0) for r in parts]),
         logp=torch.cat([right(r.logp, t, 0.0) for r in parts]),
-        entropy=torch.cat([right(r.entropy, t, 0.0) for r in parts]),
+        entropies=torch.cat([right(r.entropies, t, 0.0) for r in parts]),
         truncated=torch.cat([r.truncated for r in parts]),
         generated_tokens=sum(r.generated_tokens for r in parts),
         hidden=hidden,
         structure=structure,
         pairwise=pairwise,
-        has_entropy=all(r.has_entropy for r in parts),
+        has_entropies=all(r.has_entropies for r in parts),
     )
 
 
@@ -178,9 +178,9 @@ class MissingEntropyError(ValueError):
     """Rollout-time entropies were asked for but the engine did not compute them."""
 
 
-def require_entropy(rollouts: Rollouts, who: str) -> None:
+def require_entropies(rollouts: Rollouts, who: str) -> None:
     """Raise `MissingEntropyError` naming `who` if `rollouts` have no entropies."""
-    if not rollouts.has_entropy:
+    if not rollouts.has_entropies:
         raise MissingEntropyError(
             f"{who} needs the rollout-time token entropies, which this rollout engine did not "
             "compute: with rollout.engine=vllm set rollout.engine_options.entropies=trainer "

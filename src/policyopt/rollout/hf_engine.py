@@ -239,7 +239,7 @@ class HFEngine(RolloutEngine):
         return Decoded(
             tokens=torch.stack(tokens, 1),
             logp=torch.stack(logps, 1),
-            entropy=torch.stack(ents, 1),
+            entropies=torch.stack(ents, 1),
             mask=torch.stack(alive_steps, 1).float(),
             finished=finished,
             cache=cache,
@@ -270,7 +270,7 @@ class Decoded:
 
     tokens: torch.Tensor
     logp: torch.Tensor
-    entropy: torch.Tensor
+    entropies: torch.Tensor
     mask: torch.Tensor
     finished: torch.Tensor
     cache: object = None
@@ -407,7 +407,7 @@ def to_rollouts(
         response_ids=d.tokens.cpu(),
         response_mask=d.mask.cpu(),
         logp=(d.logp * d.mask).cpu(),
-        entropy=(d.entropy * d.mask).cpu(),
+        entropies=(d.entropies * d.mask).cpu(),
         truncated=(~d.finished).cpu(),
         generated_tokens=int(d.mask.sum().item()),
         hidden=hidden,

@@ -80,7 +80,7 @@ class PLEngine(RolloutEngine):
             response_ids=response,
             response_mask=response_mask.float(),
             logp=out.logp.float(),
-            entropy=out.entropy.float(),
+            entropies=out.entropies.float(),
             truncated=torch.zeros(len(prompts), dtype=torch.bool),
             generated_tokens=int(response_mask.sum()),
         )

@@ -17,7 +17,7 @@ What vLLM does not return: the entropy of each step's distribution (it returns t
 log-probs, not the full distribution) and the hidden states. `entropies="trainer"` computes
 the entropies with one no-grad forward of the trainer's model over the batch (what HISPO's
 segments and DATPO's forks are built from); the default `"none"` leaves them out
-(`Rollouts.has_entropy` False) and what needs them raises. Hidden states (GAR) are refused.
+(`Rollouts.has_entropies` False) and what needs them raises. Hidden states (GAR) are refused.
 DATPO's tree strategy needs the HF engine's KV-cache continuation and is refused too.
 """
 
@@ -165,8 +165,8 @@ class VLLMEngine(RolloutEngine):
                 if r.finish_reason == "stop":
                     on_finished(row, list(r.token_ids))
         if self.entropies == "trainer":
-            rollouts.entropy = self._trainer_entropies(rollouts, params)
-            rollouts.has_entropy = True
+            rollouts.entropies = self._trainer_entropies(rollouts, params)
+            rollouts.has_entropies = True
         return rollouts
 
     def _to_rollouts(self, prompts: list[list[int]], responses: list[Any]) -> Rollouts:
@@ -190,10 +190,10 @@ class VLLMEngine(RolloutEngine):
             response_ids=ids,
             response_mask=mask,
             logp=logp,
-            entropy=torch.zeros(n, width),
+            entropies=torch.zeros(n, width),
             truncated=torch.tensor([r.finish_reason != "stop" for r in responses]),
             generated_tokens=int(mask.sum()),
-            has_entropy=False,
+            has_entropies=False,
         )
 
     @torch.no_grad()
@@ -214,7 +214,7 @@ class VLLMEngine(RolloutEngine):
                     temperature=1.0 if params.greedy else params.temperature,
                     chunk_size=self.logit_chunk_size,
                     with_entropy=True,
-                ).entropy
+                ).entropies
                 out[rows] = ent.float().cpu()
         finally:
             self.model.train(was_training)

@@ -136,8 +136,8 @@ def consumer_structure(rollouts: Rollouts) -> dict[str, torch.Tensor]:
     """What consumers may ask for: the built-in values (`core.structure.BUILTIN`) and the
     rollouts' declared structure."""
     return {
-        "token_mask": rollouts.response_mask,
-        "entropies": rollouts.entropy,
+        "response_mask": rollouts.response_mask,
+        "entropies": rollouts.entropies,
         **rollouts.structure,
     }
 

@@ -275,9 +275,9 @@ def sample_stats(b: Batch) -> dict[str, float]:
     r = b.rollouts
     lengths = r.lengths.float()
     entropy = {}
-    if r.has_entropy:  # the vllm engine may not compute them
+    if r.has_entropies:  # the vllm engine may not compute them
         entropy["entropy"] = float(
-            (r.entropy * r.response_mask).sum() / r.response_mask.sum().clamp(min=1)
+            (r.entropies * r.response_mask).sum() / r.response_mask.sum().clamp(min=1)
         )
     weighted = b.rewards["weighted"]
     assert b.correct is not None

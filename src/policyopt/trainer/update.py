@@ -24,7 +24,7 @@ from policyopt.core import aggregate, global_normalisers, kl_penalty
 from policyopt.core.losses import LossInputs, Normalisers, apply_policy_loss
 from policyopt.core.structure import gather
 from policyopt.core.tis import ISWeights
-from policyopt.rollout.base import require_entropy
+from policyopt.rollout.base import require_entropies
 from policyopt.trainer.batch import Batch, consumer_structure, slice_structure, trim
 from policyopt.trainer.distributed import Dist, MetricPool, MicroBatches, to_local_float
 
@@ -159,7 +159,7 @@ def minibatch_step(
     # Declared structure the loss needs (HISPO: segment ids, rollout-time entropies).
     wanted = gather(loss.label, loss.fn, consumer_structure(r))
     if "entropies" in wanted:
-        require_entropy(r, loss.label)
+        require_entropies(r, loss.label)
     passes = MicroBatches(opt.dist, minibatch, opt.micro_batch_size, opt.policy)
     for rows in passes:
         ids, mask, width = trim(

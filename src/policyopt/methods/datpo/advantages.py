@@ -55,24 +55,24 @@ def per_block(tree: TreeBlocks, per_token: Tensor) -> Tensor:
 
 
 @ADVANTAGES.register("datpo")
-@needs("block_ids", "token_mask", optional=("diversity_bonus",))
+@needs("block_ids", "response_mask", optional=("diversity_bonus",))
 def datpo_advantages(
     rewards: Tensor,
     group_ids: Tensor,
     *,
     block_ids: Tensor | None = None,
-    token_mask: Tensor | None = None,
+    response_mask: Tensor | None = None,
     diversity_bonus: Tensor | None = None,
 ) -> Tensor:
     """Per-token advantages [N, R]: each token's block advantage (plus the diversity bonus on
-    positive blocks). `block_ids` and `token_mask` [N, R] come from the `datpo_tree` rollout
+    positive blocks). `block_ids` and `response_mask` [N, R] come from the `datpo_tree` rollout
     strategy (the trainer passes them from the rollouts' structure)."""
-    if block_ids is None or token_mask is None:
+    if block_ids is None or response_mask is None:
         raise ValueError(
-            "the datpo advantage needs per-token block_ids and token_mask: use it with "
+            "the datpo advantage needs per-token block_ids and response_mask: use it with "
             "rollout.strategy=datpo_tree"
         )
-    tree = tree_blocks(block_ids, token_mask, group_ids)
+    tree = tree_blocks(block_ids, response_mask, group_ids)
     adv = block_advantages(tree, rewards)
     if diversity_bonus is not None:
         adv = adv + torch.where(adv > 0, per_block(tree, diversity_bonus.to(adv.dtype)), 0.0)

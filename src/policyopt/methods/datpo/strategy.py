@@ -136,7 +136,7 @@ def _candidates(
         pieces = token_pieces(tokenizer, ids)
     else:
         pieces = [""] * length
-    return candidate_scores(pieces, base.entropy[row, :length], fork_unit)
+    return candidate_scores(pieces, base.entropies[row, :length], fork_unit)
 
 
 def _base_block_ids(base: Rollouts, forks: list[list[int]]) -> tuple[Tensor, int]:
@@ -192,7 +192,7 @@ def _splice(base: Rollouts, cont: Rollouts, src: Tensor, at: Tensor, pad_id: int
         response_ids=torch.where(mask > 0, join(base.response_ids, cont.response_ids), pad_id),
         response_mask=mask,
         logp=join(base.logp, cont.logp),
-        entropy=join(base.entropy, cont.entropy),
+        entropies=join(base.entropies, cont.entropies),
         truncated=cont.truncated,
         generated_tokens=cont.generated_tokens,
         hidden=hidden,

@@ -37,15 +37,15 @@ class TreeBlocks:
         return self.holds.shape[0]
 
 
-def tree_blocks(block_ids: Tensor, token_mask: Tensor, group_ids: Tensor) -> TreeBlocks:
+def tree_blocks(block_ids: Tensor, response_mask: Tensor, group_ids: Tensor) -> TreeBlocks:
     """Rebuild the blocks and their parents from block ids [N, R] (see module docstring)."""
-    if block_ids.shape != token_mask.shape or block_ids.shape[0] != group_ids.shape[0]:
+    if block_ids.shape != response_mask.shape or block_ids.shape[0] != group_ids.shape[0]:
         raise ValueError(
-            f"block_ids {tuple(block_ids.shape)}, token_mask {tuple(token_mask.shape)} and "
+            f"block_ids {tuple(block_ids.shape)}, response_mask {tuple(response_mask.shape)} and "
             f"group_ids {tuple(group_ids.shape)} do not match"
         )
     n, width = block_ids.shape
-    valid = token_mask.bool()
+    valid = response_mask.bool()
     _, row_group = torch.unique(group_ids, return_inverse=True)
     keys = torch.stack([row_group[:, None].expand(n, width), block_ids.long()], -1)[valid]
     uniq, inverse = torch.unique(keys, dim=0, return_inverse=True)
