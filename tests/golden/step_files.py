@@ -76,3 +76,16 @@ if __name__ == "__main__":
         print("  ", f)
     trainer_files = [f for f in files if f.startswith("trainer/")]
     print(f"{len(trainer_files)} of them in trainer/: {', '.join(trainer_files)}")
+    for name in (
+        "trainer/trainer.py",
+        "trainer/step.py",
+        "trainer/rollout_phase.py",
+        "trainer/update.py",
+    ):
+        called = sorted({b for a, b in edges if a == name})
+        if called:
+            print(f"{name} calls into {len(called)} files: {', '.join(called)}")
+    crossings = sorted(
+        {(a, b) for a, b in edges if a.startswith("trainer/") and b.startswith("trainer/")}
+    )
+    print("calls between trainer/ files:", ", ".join(f"{a} -> {b}" for a, b in crossings))

@@ -194,6 +194,21 @@ class RolloutEngine(ABC):
     # Whether the sampling log-probs are the trainer's own (same model, same kernels): if
     # not, algorithm.tis_cap="auto" corrects the difference by truncated importance sampling.
     exact_logprobs: bool = True
+    # Optional capabilities, declared here so that strategies ask instead of probing.
+    # tree_rollouts: branches from shared prefixes (`policyopt.rollout.tree`: the engine has
+    # `model`, `decode` and `generate_with_cache`, which keeps the KV cache of its samples).
+    tree_rollouts: bool = False
+    # The tokenizer, for strategies that read text (DATPO's sentence forks); None: ids only.
+    tokenizer: Any = None
+    pad_id: int = 0
+
+    def generate_with_cache(
+        self, prompts: list[list[int]], params: SamplingParams
+    ) -> tuple[Rollouts, Any]:
+        """`generate`, also returning the KV cache of the samples (`tree_rollouts` only)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} keeps no KV cache of its samples (tree_rollouts is False)"
+        )
 
     @abstractmethod
     def generate(

@@ -68,6 +68,8 @@ def _cache_of(out: object) -> object:
 class HFEngine(RolloutEngine):
     """Sampling loop over `model.forward` with `past_key_values`."""
 
+    tree_rollouts = True  # generate_with_cache, decode (rollout/tree.py)
+
     def __init__(
         self,
         model: PreTrainedModel,
@@ -85,7 +87,7 @@ class HFEngine(RolloutEngine):
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
         self.batch_size = batch_size
         self.generator = generator
-        self._cache_kw = cache_kwarg(model)
+        self.cache_keyword = cache_kwarg(model)  # the forward's name for its KV cache
 
     @torch.no_grad()
     def generate(
@@ -232,7 +234,7 @@ class HFEngine(RolloutEngine):
                 attention_mask=mask[:, : width + step + 1],
                 position_ids=pos,
                 use_cache=True,
-                **{self._cache_kw: cache},
+                **{self.cache_keyword: cache},
             )
             cache = _cache_of(out)
             logits = out.logits[:, -1]

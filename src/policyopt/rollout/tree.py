@@ -1,6 +1,6 @@
 """Branches from shared prefixes with KV-cache reuse (DATPO's tree rollouts).
 
-Two ways in. `branches_from_cache(engine, kept, rows, at, budgets, branches, params)`
+One branch sampler (`_branches`), two ways in. `branches_from_cache(engine, kept, rows, at, budgets, branches, params)`
 continues base rollout `rows[j]` from response position `at[j]` out of the KV cache its own
 sampling left behind (`HFEngine.generate_with_cache`): the prefix costs no model compute at
 all, only one single-token forward per fork (the last prefix token, whose logits the base's
@@ -25,11 +25,14 @@ the response limit); a continuation that reaches its budget without EOS is trunc
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from policyopt.rollout.base import Rollouts, SamplingParams, concat_rollouts
-from policyopt.rollout.hf_engine import (
+from policyopt.rollout.hf_engine import (  # the tree is built on the hf engine's internals
     HFEngine,
     KeptCache,
     PreallocatedLayer,
@@ -58,77 +61,29 @@ def sample_branches(
         raise ValueError("sample_branches: prefixes, budgets and branches differ in length")
     if any(b < 1 for b in budgets) or any(c < 0 for c in branches):
         raise ValueError("sample_branches: budgets must be >= 1 and branches >= 0")
-    if not isinstance(engine, HFEngine):
-        raise TypeError(f"tree rollouts need the 'hf' engine (KV-cache reuse), got {engine!r}")
-    jobs = [j for j, c in enumerate(branches) if c > 0]
-    if not jobs:
-        raise ValueError("sample_branches: no branches to sample")
-    parts, chunk, rows = [], [], 0
-    for j in jobs:  # pack prefixes while their branches fit in one engine batch
-        if chunk and rows + branches[j] > engine.batch_size:
-            parts.append(_chunk(engine, prefixes, budgets, branches, chunk, params))
-            chunk, rows = [], 0
-        chunk.append(j)
-        rows += branches[j]
-    parts.append(_chunk(engine, prefixes, budgets, branches, chunk, params))
-    return concat_rollouts(parts, engine.pad_id)
+    _check_engine(engine)
 
-
-def _chunk(
-    engine: HFEngine,
-    prefixes: list[list[int]],
-    budgets: list[int],
-    branches: list[int],
-    chunk: list[int],
-    params: SamplingParams,
-) -> Rollouts:
-    was_training = engine.model.training
-    engine.model.eval()
-    try:
-        return _sample(
+    def prefill(chunk: list[int]) -> Rollouts:
+        """One prefill of the chunk's prefixes; its cache serves every branch."""
+        device = next(engine.model.parameters()).device
+        prefix_ids, prefix_mask = left_pad([prefixes[j] for j in chunk], engine.pad_id)
+        mask = prefix_mask.to(device)
+        pos = positions(mask)
+        inputs = {"input_ids": prefix_ids.to(device), "attention_mask": mask, "position_ids": pos}
+        return _branches(
             engine,
-            [prefixes[j] for j in chunk],
-            torch.tensor([budgets[j] for j in chunk]),
-            torch.tensor([branches[j] for j in chunk]),
+            inputs,
+            mask,
+            pos[:, -1:],
+            chunk,
+            budgets,
+            branches,
             params,
+            prefix_ids,
+            prefix_mask,
         )
-    finally:
-        engine.model.train(was_training)
 
-
-def _sample(
-    engine: HFEngine,
-    prefixes: list[list[int]],
-    budget: torch.Tensor,
-    repeats: torch.Tensor,
-    params: SamplingParams,
-) -> Rollouts:
-    model = engine.model
-    device = next(model.parameters()).device
-    prefix_ids, prefix_mask = left_pad(prefixes, engine.pad_id)
-    ids, mask = prefix_ids.to(device), prefix_mask.to(device)
-    pos = positions(mask)
-    # Row r of the branch batch is a copy of prefix `copy[r]`.
-    copy = torch.repeat_interleave(torch.arange(len(prefixes)), repeats)
-    on_device = copy.to(device)
-    with head_inputs(model, params.with_hidden) as hidden_steps:
-        # One prefill per prefix; then its cache, mask, position and logits serve every branch.
-        out = model(
-            input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1
-        )
-        cache = _cache_of(out)
-        cache.batch_select_indices(on_device)  # type: ignore[attr-defined]
-        if hidden_steps:
-            hidden_steps[0] = hidden_steps[0][on_device]
-        decoded = engine.decode(
-            cache,
-            out.logits[:, -1][on_device],
-            mask[on_device],
-            pos[on_device, -1:],
-            budget[copy],
-            params,
-        )
-    return to_rollouts(prefix_ids[copy], prefix_mask[copy], decoded, hidden_steps)
+    return _packed(engine, branches, prefill, "sample_branches")
 
 
 @torch.no_grad()
@@ -155,58 +110,91 @@ def branches_from_cache(
             raise ValueError(
                 f"branches_from_cache: a fork of row {r} at {t} is outside 1..{int(base.lengths[r]) - 1}"
             )
-    jobs = [j for j, c in enumerate(branches) if c > 0]
-    if not jobs:
-        raise ValueError("branches_from_cache: no branches to sample")
-    parts, chunk, count = [], [], 0
-    for j in jobs:  # pack forks while their branches fit in one engine batch
-        if chunk and count + branches[j] > engine.batch_size:
-            parts.append(
-                _from_cache(engine, kept, base, rows, at, budgets, branches, chunk, params)
-            )
-            chunk, count = [], 0
-        chunk.append(j)
-        count += branches[j]
-    parts.append(_from_cache(engine, kept, base, rows, at, budgets, branches, chunk, params))
-    return concat_rollouts(parts, engine.pad_id)
+    _check_engine(engine)
 
-
-def _from_cache(
-    engine: HFEngine,
-    kept: KeptCache,
-    base: Rollouts,
-    rows: list[int],
-    at: list[int],
-    budgets: list[int],
-    branches: list[int],
-    chunk: list[int],
-    params: SamplingParams,
-) -> Rollouts:
-    model = engine.model
-    was_training = model.training
-    model.eval()
-    try:
-        device = next(model.parameters()).device
-        # Fork j keeps response tokens [0, t): the cache holds prompt + tokens [0, t - 1),
-        # token t - 1 is fed once to get the logits of position t.
-        cached = _gather_prefix_cache(kept, [rows[j] for j in chunk], [at[j] for j in chunk])
-        cache, mask = cached[0], cached[1].to(device)
+    def from_cache(chunk: list[int]) -> Rollouts:
+        """Fork j keeps response tokens [0, t): the cache holds prompt + tokens [0, t - 1);
+        token t - 1 is fed once to get the logits of position t."""
+        device = next(engine.model.parameters()).device
+        cache, mask = _gather_prefix_cache(kept, [rows[j] for j in chunk], [at[j] for j in chunk])
+        mask = mask.to(device)
         last = torch.tensor([[int(base.response_ids[rows[j], at[j] - 1])] for j in chunk])
         real = mask.sum(1, keepdim=True)  # cached real tokens = position id of the fed token
         mask = torch.cat([mask, mask.new_ones(len(chunk), 1)], dim=1)
-        copy = torch.repeat_interleave(
-            torch.arange(len(chunk)), torch.tensor([branches[j] for j in chunk])
+        inputs = {
+            "input_ids": last.to(device),
+            "attention_mask": mask,
+            "position_ids": real,
+            engine.cache_keyword: cache,
+        }
+        prefix_ids, prefix_mask = left_pad(
+            [
+                base.prompt_ids[rows[j]][base.prompt_mask[rows[j]] > 0].tolist()
+                + base.response_ids[rows[j], : at[j]].tolist()
+                for j in chunk
+            ],
+            engine.pad_id,
         )
-        on_device = copy.to(device)
+        return _branches(
+            engine, inputs, mask, real, chunk, budgets, branches, params, prefix_ids, prefix_mask
+        )
+
+    return _packed(engine, branches, from_cache, "branches_from_cache")
+
+
+def _check_engine(engine: HFEngine) -> None:
+    if not engine.tree_rollouts:
+        raise TypeError(
+            f"tree rollouts need an engine with tree_rollouts (the 'hf' engine), got {engine!r}"
+        )
+
+
+def _packed(
+    engine: HFEngine, branches: list[int], run: Callable[[list[int]], Rollouts], who: str
+) -> Rollouts:
+    """`run` on chunks of the jobs (entries with branches), packed while their branches fit
+    in one engine batch; the chunks' rollouts stacked."""
+    jobs = [j for j, c in enumerate(branches) if c > 0]
+    if not jobs:
+        raise ValueError(f"{who}: no branches to sample")
+    parts, chunk, rows = [], [], 0
+    for j in jobs:
+        if chunk and rows + branches[j] > engine.batch_size:
+            parts.append(run(chunk))
+            chunk, rows = [], 0
+        chunk.append(j)
+        rows += branches[j]
+    parts.append(run(chunk))
+    return concat_rollouts(parts, engine.pad_id)
+
+
+def _branches(
+    engine: HFEngine,
+    inputs: dict[str, Any],
+    mask: torch.Tensor,
+    last_position: torch.Tensor,
+    chunk: list[int],
+    budgets: list[int],
+    branches: list[int],
+    params: SamplingParams,
+    prefix_ids: torch.Tensor,
+    prefix_mask: torch.Tensor,
+) -> Rollouts:
+    """The one branch sampler: `model(**inputs)` (a prefill, or one token on a kept cache),
+    its cache, mask, position and last logits repeated once per branch, every branch then
+    sampled by `HFEngine.decode`."""
+    model = engine.model
+    device = next(model.parameters()).device
+    # Row r of the branch batch is a copy of entry `copy[r]` of the chunk.
+    copy = torch.repeat_interleave(
+        torch.arange(len(chunk)), torch.tensor([branches[j] for j in chunk])
+    )
+    on_device = copy.to(device)
+    was_training = model.training
+    model.eval()
+    try:
         with head_inputs(model, params.with_hidden) as hidden_steps:
-            out = model(
-                input_ids=last.to(device),
-                attention_mask=mask,
-                position_ids=real,
-                use_cache=True,
-                logits_to_keep=1,
-                **{engine._cache_kw: cache},
-            )
+            out = model(**inputs, use_cache=True, logits_to_keep=1)
             cache = _cache_of(out)
             cache.batch_select_indices(on_device)  # type: ignore[attr-defined]
             if hidden_steps:
@@ -215,20 +203,12 @@ def _from_cache(
                 cache,
                 out.logits[:, -1][on_device],
                 mask[on_device],
-                real[on_device],
+                last_position[on_device],
                 torch.tensor([budgets[j] for j in chunk])[copy],
                 params,
             )
     finally:
         model.train(was_training)
-    prefix_ids, prefix_mask = left_pad(
-        [
-            base.prompt_ids[rows[j]][base.prompt_mask[rows[j]] > 0].tolist()
-            + base.response_ids[rows[j], : at[j]].tolist()
-            for j in chunk
-        ],
-        engine.pad_id,
-    )
     return to_rollouts(prefix_ids[copy], prefix_mask[copy], decoded, hidden_steps)
 
 

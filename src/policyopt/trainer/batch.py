@@ -21,9 +21,9 @@ from policyopt.rollout.base import Rollouts, concat_rollouts
 # shaper term (DAPO's overlong penalty).
 REWARD_KEYS = {
     "weighted": "Σ_f w_f r_f: the reward functions' weighted total, before shaping",
-    "task": "M: the task reward function's value (reward.task_function), unweighted",
+    "M": "the task reward: the task function's value (reward.task_function), unweighted",
     "other": "Σ_{f ≠ task} w_f r_f: the other functions' weighted values",
-    "task_shaped": "M': M after the shapers that transform it; what group filters see",
+    "M_shaped": "M': M after the shapers that transform it; what group filters see",
     "total": "R = w_task M' + other + Σ terms: the step's reward, what advantages see",
 }
 

@@ -11,7 +11,7 @@
 `train_step(parts, state)` is that loop; each stage is a function of this module on the one
 `Batch`. The parts come bound from `policyopt.trainer.parts`; the state is what the step
 acts on (engine, sampler, policy, optimizer). Group filters look at the task reward after
-the shapers that transform it (`rewards["task_shaped"]`: GAR's bonus, DocPO's annealed M),
+the shapers that transform it (`rewards["M_shaped"]`: GAR's bonus, DocPO's annealed M),
 not at the additive terms (other weighted functions, DAPO's overlong penalty): DAPO drops
 the groups whose accuracy is 0 or 1 (arXiv 2503.14476, §3.2) also when the length penalty
 makes their rewards differ, while a group whose rollouts are all correct keeps GAR's bonus.
@@ -197,8 +197,8 @@ def score(parts: Parts, batch: Batch, times: Times) -> Batch:
     times.scoring += time.perf_counter() - t0
     weighted = torch.as_tensor(result.total, dtype=torch.float32)
     rewards = {f"function/{k}": v for k, v in values.items()}
-    rewards |= {"weighted": weighted, "task": task, "other": other}
-    rewards |= {"task_shaped": task, "total": weighted}  # until `shape`
+    rewards |= {"weighted": weighted, "M": task, "other": other}
+    rewards |= {"M_shaped": task, "total": weighted}  # until `shape`
     return replace(
         batch,
         rewards=rewards,
@@ -219,7 +219,7 @@ def shape(parts: Parts, state: StepState, batch: Batch) -> Batch:
         logit_chunk_size=parts.logit_chunk_size,
         max_new_tokens=parts.max_new_tokens,
     )
-    task = batch.rewards["task"]
+    task = batch.rewards["M"]
     metrics: dict[str, float] = {}
     for part, shaper in parts.shapers:
         gather(part.label, part.fn, consumer_structure(batch.rollouts))
@@ -231,7 +231,7 @@ def shape(parts: Parts, state: StepState, batch: Batch) -> Batch:
         check_declared_made(part.label, part.fn, ctx.structure)
     task = task.float()
     total = parts.task_weight * task + batch.rewards["other"]
-    rewards = {**batch.rewards, "task_shaped": task}
+    rewards = {**batch.rewards, "M_shaped": task}
     for name, term in ctx.terms.items():
         rewards[f"term/{name}"] = term.float()
         total = total + term.float()
@@ -243,7 +243,7 @@ def group_filter(parts: Parts, batch: Batch) -> torch.Tensor:
     """3. Which rollouts' groups pass every group filter (bool [N]), on the shaped task term."""
     keep = torch.ones(len(batch), dtype=torch.bool)
     for f in parts.filters:
-        keep &= f(batch.rewards["task_shaped"], batch.group_ids)
+        keep &= f(batch.rewards["M_shaped"], batch.group_ids)
     return keep
 
 

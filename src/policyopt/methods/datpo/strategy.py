@@ -67,16 +67,16 @@ def datpo_tree(
     del group_size, on_finished
     if n_base < 1:
         raise ValueError(f"datpo_tree: n_base must be >= 1, got {n_base}")
-    pad_id = int(engine.pad_id)  # type: ignore[attr-defined]
+    pad_id = int(engine.pad_id)
     prompt_of = torch.arange(len(prompts)).repeat_interleave(n_base)  # base row -> prompt
     base_prompts = [p for p in prompts for _ in range(n_base)]
     if reuse_kv_cache:
-        if not hasattr(engine, "generate_with_cache"):
+        if not engine.tree_rollouts:
             raise TypeError(
                 f"datpo_tree with reuse_kv_cache needs the 'hf' engine, got {engine!r}; "
                 "or set reuse_kv_cache=false"
             )
-        base, kept = engine.generate_with_cache(base_prompts, params)  # type: ignore[attr-defined]
+        base, kept = engine.generate_with_cache(base_prompts, params)
     else:
         base, kept = engine.generate(base_prompts, params), None
     rewards = score(base, prompt_of).float()
@@ -130,7 +130,7 @@ def _candidates(
     length = int(base.lengths[row])
     ids = base.response_ids[row, :length].tolist()
     if fork_unit == "sentence":
-        tokenizer = getattr(engine, "tokenizer", None)
+        tokenizer = engine.tokenizer
         if tokenizer is None:
             raise TypeError("datpo_tree with sentence forks needs an engine with a .tokenizer")
         pieces = token_pieces(tokenizer, ids)
