@@ -89,15 +89,18 @@ def test_reward_function_structure_reaches_the_advantage_estimator(
 def test_a_producer_that_does_not_deliver_is_caught_at_run_time(tmp_path, small_config):
     from policyopt.rollout.strategies import ROLLOUT_ANNOTATORS
 
-    trainer = Trainer(small_config(tmp_path, "algorithm.name=hispo", steps=1))
     annotator = ROLLOUT_ANNOTATORS.get("hispo_segments")
+    trainer = None
     try:
         ROLLOUT_ANNOTATORS._entries["hispo_segments"] = type(
             "Broken", (), {"produces": annotator.produces, "__call__": lambda self, r: {}}
         )()
-        # The config is checked statically; the annotator's empty output is caught when it runs.
+        # The parts are bound when the trainer is built, and checked statically then; the
+        # annotator's empty output is caught when it runs.
+        trainer = Trainer(small_config(tmp_path, "algorithm.name=hispo", steps=1))
         with pytest.raises(ValueError, match=r"declares it produces \['segment_ids'\]"):
             trainer.train_step()
     finally:
         ROLLOUT_ANNOTATORS._entries["hispo_segments"] = annotator
-        trainer.close()
+        if trainer is not None:
+            trainer.close()

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from policyopt.core.filters import GROUP_FILTERS
+from policyopt.core.structure import MissingStructureError
 from policyopt.rewards.functions import RewardPipeline, build_reward_pipeline
 from policyopt.rewards.shaping import SHAPERS, RewardShaper
 from policyopt.rollout.base import ENGINES, RolloutEngine, SamplingParams
@@ -80,6 +81,10 @@ class Parts:
     max_new_tokens: int
 
 
+class ConfigStructureError(ConfigError, MissingStructureError):
+    """A configured part needs structure that no part of the config produces."""
+
+
 def check_config(config: Config) -> None:
     """Every registered name and option of `config`, its declared structure and its task
     function; fills the loss's own clip/agg defaults. Raises `ConfigError`."""
@@ -90,7 +95,9 @@ def check_config(config: Config) -> None:
         check_config_structure(config)
     except KeyError as err:  # an unknown registered name
         raise ConfigError(str(err.args[0])) from None
-    except ValueError as err:  # a missing producer, or a reward function that cannot load
+    except MissingStructureError as err:  # a required input without a producer
+        raise ConfigStructureError(str(err)) from None
+    except ValueError as err:  # a reward function that cannot load
         raise ConfigError(str(err)) from None
     resolve_loss_options(config)
     names = [f.name for f in config.reward.functions]
