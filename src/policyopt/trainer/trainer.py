@@ -413,6 +413,9 @@ class Trainer:
                 temperature=cfg.eval.temperature,
                 chat=cfg.model.chat_template,
                 correct_threshold=cfg.reward.correct_threshold,
+                segment_options=next(
+                    (a.options for a in cfg.rollout.annotators if a.name == "hispo_segments"), {}
+                ),
             )
 
     def close(self) -> None:
