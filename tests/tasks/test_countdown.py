@@ -98,7 +98,10 @@ def test_search_backtracks_and_gives_up_cleanly():
     # 1,1,1 -> 7 is impossible: every move is tried, then A:none.
     trace = search([1, 1, 1], 7, "lexical")
     assert trace.expression is None and trace.text.endswith("A:none")
-    assert trace.lines == len(moves(((1, "1"), (1, "1"), (1, "1")), ("+", "-", "*", "/"))) * 2
+    # Each of the 3 pairs: 1+1 (then 2+1, 2-1, 2*1) and 1*1 (then 1+1, 1*1; 1-1 = 0 and
+    # /1 are not moves): 3 * ((1 + 3) + (1 + 2)) = 21 lines.
+    assert len(moves(((1, "1"), (1, "1"), (1, "1")), ("+", "-", "*", "/"))) == 6
+    assert trace.lines == 21
     capped = search([1, 1, 1, 1], 99, "lexical", max_lines=5)
     assert capped.lines == 5 and capped.expression is None
     # The good order tries the move nearest the target first.
