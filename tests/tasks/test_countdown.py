@@ -178,3 +178,15 @@ def test_verdicts_agree_with_reasoning_gym():
             assert ours == theirs, (text, numbers, target)
             checked[ours] += 1
     assert checked[True] >= 150 and checked[False] >= 300
+
+
+def test_max_value_caps_every_move_and_the_search_still_solves():
+    task = small(levels=[1, 2, 3], number_range=[1, 6], target_range=[1, 24], max_value=24,
+                 hard_lines=8)  # fmt: skip
+    for row in task.rows("train"):
+        for text in (row["demo"], row["solution"]):
+            values = [int(m.group(5)) for m in map(LINE.match, text.split("\n")[:-1])]
+            assert max(values) <= 24
+        assert task.verify(row["demo"], row) == 1.0
+    with pytest.raises(ValueError, match="max_value"):
+        CountdownTask(target_range=[1, 50], max_value=30)

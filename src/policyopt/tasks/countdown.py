@@ -21,6 +21,8 @@ solution (GAR's anchor) is the shortest trace over all orders.
 Levels: 1 = three numbers; 2 = four numbers; 3 = four numbers whose `closest` search needs at
 least `hard_lines` moves (more backtracking). Numbers are drawn from `number_range`, targets
 are kept in `target_range`, and every problem's `closest` trace fits in `max_trace_chars`.
+With `max_value`, no move makes a number above it (the searcher's and the generator's): a
+smaller search over fewer arithmetic facts, which a small model learns faster.
 Splits and level mix follow the arithmetic task: the eval split is drawn first from its own
 stream, the train split skips its prompts, levels are assigned round robin.
 """
@@ -52,14 +54,23 @@ def _check_pair(name: str, value: Sequence[int], low: int) -> tuple[int, int]:
 
 
 def draw_problem(
-    rng: random.Random, count: int, number_range: tuple[int, int], target_range: tuple[int, int]
+    rng: random.Random,
+    count: int,
+    number_range: tuple[int, int],
+    target_range: tuple[int, int],
+    max_value: int | None = None,
 ) -> tuple[list[int], int]:
     """`count` numbers and a target reached by random moves (so solvable) in `target_range`."""
     for _ in range(10_000):
         numbers = [rng.randint(*number_range) for _ in range(count)]
         state = tuple((n, str(n)) for n in numbers)
         while len(state) > 1:
-            state = rng.choice(moves(state, ("+", "-", "*", "/"))).rest
+            options = moves(state, ("+", "-", "*", "/"), max_value)
+            if not options:
+                break
+            state = rng.choice(options).rest
+        if len(state) > 1:
+            continue
         if target_range[0] <= state[0][0] <= target_range[1]:
             return numbers, state[0][0]
     raise ValueError(
@@ -97,6 +108,7 @@ class CountdownTask(Task):
         demo_orders: Mapping[str, float] | None = None,
         max_trace_chars: int = 400,
         hard_lines: int = 10,
+        max_value: int | None = None,
     ) -> None:
         if not levels or any(k not in LEVEL_NUMBERS for k in levels):
             raise ValueError(
@@ -128,6 +140,12 @@ class CountdownTask(Task):
         self.demo_orders = orders
         self.max_trace_chars = int(max_trace_chars)
         self.hard_lines = int(hard_lines)
+        if max_value is not None and max_value < self.target_range[1]:
+            raise ValueError(
+                f"countdown task: max_value ({max_value}) must be >= the largest target "
+                f"({self.target_range[1]}) or null"
+            )
+        self.max_value = max_value
         self._splits: dict[str, datasets.Dataset] | None = None
 
     def rows(self, split: str) -> datasets.Dataset:
@@ -141,6 +159,16 @@ class CountdownTask(Task):
                 "train": datasets.Dataset.from_dict(train_rows),
             }
         return self._splits[split]
+
+    def _search(self, numbers: list[int], target: int, order: str, seed: int) -> Trace:
+        return search(
+            numbers,
+            target,
+            order,
+            seed=seed,
+            max_chars=self.max_trace_chars,
+            max_value=self.max_value,
+        )
 
     def _fits(self, trace: Trace) -> bool:
         return trace.expression is not None and len(trace.text) <= self.max_trace_chars
@@ -163,20 +191,17 @@ class CountdownTask(Task):
                     f"target_range, or raise max_trace_chars"
                 )
             numbers, target = draw_problem(
-                rng, LEVEL_NUMBERS[level], self.number_range, self.target_range
+                rng, LEVEL_NUMBERS[level], self.number_range, self.target_range, self.max_value
             )
             prompt = f"T:{target} N:{','.join(map(str, numbers))}"
-            closest = search(numbers, target, "closest", max_chars=self.max_trace_chars)
+            closest = self._search(numbers, target, "closest", 0)
             if prompt in seen or not self._fits(closest):
                 continue
             if level == 3 and closest.lines < self.hard_lines:
                 continue
             if exclude is None:
                 seen.add(prompt)
-            traces = {
-                o: search(numbers, target, o, seed=tries, max_chars=self.max_trace_chars)
-                for o in ORDERS
-            }
+            traces = {o: self._search(numbers, target, o, tries) for o in ORDERS}
             fitting = [t for t in traces.values() if self._fits(t)]
             style = demo_rng.choices(names, weights)[0]
             demo = traces[style] if self._fits(traces[style]) else closest
@@ -223,5 +248,7 @@ class CountdownTask(Task):
             return "other"
         state = tuple((n, str(n)) for n in row["numbers"])
         target = int(row["target"])
-        best = min(abs(m.value - target) for m in moves(state, ("+", "-", "*", "/")))
+        best = min(
+            abs(m.value - target) for m in moves(state, ("+", "-", "*", "/"), self.max_value)
+        )
         return "closest" if abs(int(match.group(4)) - target) == best else "other"

@@ -58,8 +58,11 @@ def _combine(a: int, op: str, b: int) -> int | None:
     return a // b if b > 1 and a % b == 0 else None
 
 
-def moves(state: tuple[tuple[int, str], ...], operators: tuple[str, ...]) -> list[Move]:
-    """Every move from `state`, pairs left to right, operators in the given order."""
+def moves(
+    state: tuple[tuple[int, str], ...], operators: tuple[str, ...], max_value: int | None = None
+) -> list[Move]:
+    """Every move from `state`, pairs left to right, operators in the given order; with
+    `max_value`, moves whose result is larger are not made (a smaller search, fewer facts)."""
     out = []
     for i in range(len(state)):
         for j in range(i + 1, len(state)):
@@ -68,7 +71,7 @@ def moves(state: tuple[tuple[int, str], ...], operators: tuple[str, ...]) -> lis
             rest = tuple(s for k, s in enumerate(state) if k not in (i, j))
             for op in operators:
                 value = _combine(a, op, b)
-                if value is not None:
+                if value is not None and (max_value is None or value <= max_value):
                     out.append(Move(a, op, b, value, (*rest, (value, f"({ea}{op}{eb})"))))
     return out
 
@@ -92,6 +95,7 @@ def search(
     max_lines: int = 200,
     max_chars: int | None = None,
     operators: tuple[str, ...] = OPERATORS,
+    max_value: int | None = None,
 ) -> Trace:
     """Depth-first search for an expression over all `numbers` equal to `target`, written as
     a trace (module doc). Stops at the first solution, or after `max_lines` moves or once the
@@ -104,7 +108,7 @@ def search(
     size = [0]  # characters written so far
 
     def visit(state: tuple[tuple[int, str], ...], depth: int) -> str | None:
-        for move in ordered(moves(state, operators)):
+        for move in ordered(moves(state, operators, max_value)):
             if len(lines) >= max_lines or (max_chars is not None and size[0] > max_chars):
                 return None
             line = " " * depth + f"{move.a}{move.op}{move.b}={move.value}"
