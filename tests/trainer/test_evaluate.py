@@ -125,7 +125,7 @@ def test_response_shape_medians_and_distinct_correct_answers() -> None:
         response_ids=torch.zeros(n, r, dtype=torch.long),
         response_mask=mask,
         logp=torch.zeros(n, r),
-        entropy=entropy,
+        entropies=entropy,
         truncated=torch.zeros(n, dtype=torch.bool),
         generated_tokens=75,
     )

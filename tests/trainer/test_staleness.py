@@ -30,25 +30,25 @@ def test_fifo_versions_by_hand():
 
 def run_with_captured_batches(tmp_path, monkeypatch, name, extra):
     """Train 4 small steps; every generated rollout batch and every trained batch."""
-    from policyopt.trainer import trainer as trainer_module
+    from policyopt.trainer import step as step_module
     from policyopt.trainer.config import load_config
     from policyopt.trainer.trainer import Trainer
     from run_configs import small_overrides
 
     sampled, trained = [], []
-    real_collect, real_update = trainer_module.collect_batch, trainer_module.policy_update
+    real_sample, real_update = step_module.sample, step_module.update
 
-    def collect(**kwargs):
-        scored, stats = real_collect(**kwargs)
-        sampled.append(scored.rollouts)
-        return scored, stats
+    def sample(parts, state, times):
+        kept, stats = real_sample(parts, state, times)
+        sampled.append(kept.rollouts)
+        return kept, stats
 
-    def update(ctx, batch):
-        trained.append((batch.rollouts, ctx.behaviour_old_logp))
-        return real_update(ctx, batch)
+    def update(loss, batch, opt):
+        trained.append((batch.rollouts, opt.behaviour_old_logp))
+        return real_update(loss, batch, opt)
 
-    monkeypatch.setattr(trainer_module, "collect_batch", collect)
-    monkeypatch.setattr(trainer_module, "policy_update", update)
+    monkeypatch.setattr(step_module, "sample", sample)
+    monkeypatch.setattr(step_module, "update", update)
     config = load_config(None, [*small_overrides(tmp_path / name), *extra])
     trainer = Trainer(config)
     try:

@@ -87,8 +87,8 @@ def response_shape(rollouts: Any, segment_options: dict[str, Any]) -> dict[str, 
         return {}
     lengths = rollouts.lengths.tolist()
     out = {"eval/response_tokens_median": float(statistics.median(lengths))}
-    if rollouts.has_entropy:
-        ids = build_segments(rollouts.entropy, rollouts.response_mask, **segment_options)
+    if rollouts.has_entropies:
+        ids = build_segments(rollouts.entropies, rollouts.response_mask, **segment_options)
         counts = [int(ids[i, : max(n, 1)].max()) + 1 if n else 0 for i, n in enumerate(lengths)]
         out["eval/segments_per_response_median"] = float(statistics.median(counts))
     return out
