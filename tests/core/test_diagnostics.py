@@ -65,3 +65,4 @@ def test_rollout_metrics_by_hand():
     assert m["mech/distinct_correct"] == pytest.approx(1.0)
     m2 = rollout_diagnostics(entropy, mask, torch.tensor([0, 0]), [True, True], ["a", "b"])
     assert m2["mech/distinct_correct"] == 2.0 and "mech/segments_per_response" not in m2
+    assert "mech/entropy" not in rollout_diagnostics(None, mask, torch.tensor([0, 0]), [0, 0], [])

@@ -68,18 +68,19 @@ def ratio_diagnostics(
 
 
 def rollout_diagnostics(
-    entropy: Tensor,
+    entropy: Tensor | None,
     mask: Tensor,
     group_ids: Tensor,
     correct: Sequence[bool],
     answers: Sequence[str | None],
     segment_ids: Tensor | None = None,
 ) -> dict[str, float]:
-    """Mean token entropy, segments per response (with `segment_ids`), and distinct correct
-    answers per group (answers that are None count by themselves as one answer each)."""
+    """Mean token entropy (None: the engine computed none), segments per response (with
+    `segment_ids`), and distinct correct answers per group (answers that are None count by
+    themselves as one answer each)."""
     valid = mask.bool()
     out: dict[str, float] = {}
-    if valid.any():
+    if entropy is not None and valid.any():
         out["mech/entropy"] = float(entropy.double()[valid].mean())
     if segment_ids is not None and valid.any():
         segs = segment_ids.long().masked_fill(~valid, -1).max(-1).values + 1

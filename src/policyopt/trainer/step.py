@@ -152,7 +152,7 @@ def mechanism_stats(parts: Parts, b: Batch) -> dict[str, float]:
     """Rollout-side mechanism metrics of the trained batch (`core.diagnostics`)."""
     r = b.rollouts
     assert b.correct is not None
-    entropies = r.entropies if r.has_entropies else torch.full_like(r.logp, float("nan"))
+    entropies = r.entropies if r.has_entropies else None  # the vllm engine may not have them
     return {
         **rollout_diagnostics(
             entropies,
