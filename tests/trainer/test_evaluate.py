@@ -104,3 +104,36 @@ def test_docpo_threshold_is_set_in_one_place() -> None:
 
     assert "correct_threshold" not in recipe_dict("docpo").get("reward", {})
     assert PRESETS.get("docpo")["reward"]["correct_threshold"] == 0.99
+
+
+def test_response_shape_medians_and_distinct_correct_answers() -> None:
+    import torch
+
+    from policyopt.methods.hispo import build_segments
+    from policyopt.rollout.base import Rollouts
+    from policyopt.trainer.evaluate import distinct_correct, response_shape
+
+    g = torch.Generator().manual_seed(0)
+    n, r = 3, 40
+    mask = torch.zeros(n, r)
+    for i, length in enumerate((40, 10, 25)):
+        mask[i, :length] = 1
+    entropy = torch.rand(n, r, generator=g) * mask
+    rollouts = Rollouts(
+        prompt_ids=torch.zeros(n, 1, dtype=torch.long),
+        prompt_mask=torch.ones(n, 1, dtype=torch.long),
+        response_ids=torch.zeros(n, r, dtype=torch.long),
+        response_mask=mask,
+        logp=torch.zeros(n, r),
+        entropies=entropy,
+        truncated=torch.zeros(n, dtype=torch.bool),
+        generated_tokens=75,
+    )
+    out = response_shape(rollouts, {"window": 4})
+    assert out["eval/response_tokens_median"] == 25.0
+    ids = build_segments(entropy, mask, window=4)
+    counts = sorted(int(ids[i, :length].max()) + 1 for i, length in enumerate((40, 10, 25)))
+    assert out["eval/segments_per_response_median"] == counts[1] and counts[-1] > 1
+    task = get_task("countdown", train_size=10, eval_size=5)
+    texts = ["A:(7*4)-9", "A:7*4-9", "A: (7*4)-9", "A:(7+4)+9"]
+    assert distinct_correct(task, texts, [True, True, True, False]) == 2

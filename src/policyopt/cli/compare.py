@@ -33,12 +33,46 @@ def add_compare(sub: argparse._SubParsersAction) -> None:
         "reward/docparse=+0.05",
     )
     p.add_argument("--reach-window", type=int, default=10, help="steps in that moving average")
+    p.add_argument(
+        "--recipe",
+        default=None,
+        help="run every method as this recipe with algorithm.name=METHOD (e.g. countdown); "
+        "default: each method's own recipe, or its preset over grpo",
+    )
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME:KEY=VALUE[,KEY=VALUE]",
+        help="a named set of overrides: every method runs once per variant (repeatable), "
+        "e.g. --variant stale0:rollout.staleness=0 --variant stale2:rollout.staleness=2",
+    )
+    p.add_argument(
+        "--baseline",
+        default=None,
+        help="the cell (METHOD or METHOD@VARIANT) the report pairs every other cell "
+        "against, seed by seed; default: the first",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="parallel worker processes of one thread each (1: the runs one after another "
+        "in this process, with the recipe's threads)",
+    )
+    p.add_argument(
+        "--ray",
+        default=None,
+        metavar="ADDRESS",
+        help="run each run as a Ray task of one CPU on the cluster at ADDRESS ('local': a "
+        "cluster started here); the nodes must share the output folder",
+    )
     p.set_defaults(func=run_compare, overrides=[])
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from policyopt.cli.commands import recipe_config
-    from policyopt.recipes.pipeline import run_pipeline
+    from policyopt.cli.study import execute, merge_variants, parse_variant, plan
+    from policyopt.cli.study_report import write_report
 
     console = Console()
     names = [r for r in args.recipes if "=" not in r]
@@ -47,19 +81,42 @@ def run_compare(args: argparse.Namespace) -> int:
     reach = parse_reach(args.reach) if args.reach else None
     if args.reach_window < 1:
         raise ValueError(f"--reach-window must be >= 1, got {args.reach_window}")
-    runs: dict[str, list[dict[str, Any]]] = {}
-    for name in names:
-        for seed in range(args.seeds):
-            out = root / name / f"seed-{seed}"
-            summary_file = out / "summary.json"
-            if summary_file.exists():  # finished earlier: compare is resumable run by run
-                runs.setdefault(name, []).append(json.loads(summary_file.read_text()))
-                continue
-            config = recipe_config(
-                name, [*overrides, f"eval.samples={args.samples}"], str(out), seed
+    if args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    variants = merge_variants([parse_variant(v) for v in args.variant])
+    runs = plan(
+        names,
+        args.seeds,
+        root,
+        [*overrides, f"eval.samples={args.samples}"],
+        recipe=args.recipe,
+        variants=variants,
+        one_thread=args.workers > 1 or args.ray is not None,
+    )
+    check_runs(runs, args.recipe)
+    root.mkdir(parents=True, exist_ok=True)
+    status = execute(
+        runs,
+        workers=args.workers,
+        ray_address=args.ray,
+        on_done=lambda run, state: console.print(f"{run.cell} seed {run.seed}: {state}"),
+    )
+    cells = list(dict.fromkeys(r.cell for r in runs))
+    baseline = args.baseline or cells[0]
+    write_report(runs, status, root, baseline=baseline, study_command=study_command(args))
+    failed = {k: v for k, v in status.items() if v.startswith("failed")}
+    for folder, state in failed.items():
+        console.print(f"[red]{folder}: {state}; see {folder}/run.log[/red]")
+    summaries: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        if run.finished():
+            summaries.setdefault(run.cell, []).append(
+                json.loads((run.out / "summary.json").read_text())
             )
-            runs.setdefault(name, []).append(run_pipeline(config, console))
-    rows = summarise(runs)
+    if not summaries:
+        console.print("no run finished: nothing to compare")
+        return 1
+    rows = summarise(summaries)
     if reach is not None:
         metric, value, relative = reach
         target = f"first mean {value:+g}" if relative else f"{value:g}"
@@ -67,19 +124,53 @@ def run_compare(args: argparse.Namespace) -> int:
         for row in rows:
             steps = [
                 steps_to_reach(
-                    read_metrics(root / row["method"] / f"seed-{seed}" / "metrics.jsonl"),
-                    *reach,
-                    window=args.reach_window,
+                    read_metrics(run.out / "metrics.jsonl"), *reach, window=args.reach_window
                 )
-                for seed in range(args.seeds)
+                for run in runs
+                if run.cell == row["method"] and run.finished()
             ]
             row[column] = reach_summary(steps)
-    (root / "compare.json").write_text(json.dumps({"rows": rows, "runs": runs}, indent=2))
+    (root / "compare.json").write_text(json.dumps({"rows": rows, "runs": summaries}, indent=2))
     (root / "compare.md").write_text(markdown_table(rows, args.seeds))
-    plot_compare(rows, runs, root / "compare.png")
+    plot_compare(rows, summaries, root / "compare.png")
     console.print(rich_table(rows, args.seeds))
-    console.print(f"table: {root / 'compare.md'}  plot: {root / 'compare.png'}")
-    return 0
+    console.print(
+        f"table: {root / 'compare.md'}  plot: {root / 'compare.png'}  report: {root / 'report.md'}"
+    )
+    return 1 if failed else 0
+
+
+def study_command(args: argparse.Namespace) -> str:
+    """The `policyopt compare` command that runs (or resumes) this study."""
+    import shlex
+
+    words = [r for r in args.recipes if "=" not in r]
+    words += ["--seeds", str(args.seeds), "--samples", str(args.samples)]
+    words += ["--output-dir", str(args.output_dir)]
+    for flag in ("recipe", "baseline", "ray", "reach"):
+        if getattr(args, flag) is not None:
+            words += [f"--{flag}", str(getattr(args, flag))]
+    if args.reach is not None:
+        words += ["--reach-window", str(args.reach_window)]
+    if args.workers != 1:
+        words += ["--workers", str(args.workers)]
+    for v in args.variant:
+        words += ["--variant", v]
+    words += [r for r in args.recipes if "=" in r] + list(args.overrides)
+    return "policyopt compare " + shlex.join(words)
+
+
+def check_runs(runs: list, recipe: str | None) -> None:
+    """Every cell's config loads (names, overrides) before any run starts."""
+    from policyopt.cli.commands import recipe_config
+
+    seen = set()
+    for run in runs:
+        if run.cell in seen:
+            continue
+        seen.add(run.cell)
+        extra = [a for a in run.args if "=" in a and not a.startswith("-")]
+        recipe_config(recipe or run.method, extra, None, None)
 
 
 def parse_reach(spec: str) -> tuple[str, float, bool]:

@@ -115,6 +115,10 @@ def run_pipeline(config: Config, console: Console | None = None) -> dict[str, An
         "rl_seconds": rl_seconds,
         "wall_seconds": time.perf_counter() - start,
         "last_step_metrics": last,
+        # The final greedy evaluation rollouts: median length in tokens and median number of
+        # HISPO segments (the run's hispo_segments options, else the paper's).
+        "median_response_tokens": final.get("eval/response_tokens_median"),
+        "segments_per_response": final.get("eval/segments_per_response_median"),
         "output_dir": str(trainer.output_dir),
         **ranking_summary(config, trainer.task, initial, final, console),
     }

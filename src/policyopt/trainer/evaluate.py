@@ -8,11 +8,13 @@ evaluation both count with, so that e.g. DocPO's continuous rewards count as cor
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 import datasets
 
 from policyopt.core import avg_at_k, maj_at_k, pass_at_k
+from policyopt.methods.hispo import build_segments
 from policyopt.rollout.base import RolloutEngine, SamplingParams
 from policyopt.tasks.base import Task
 from policyopt.trainer.prompts import decode, encode_prompts
@@ -30,9 +32,13 @@ def evaluate(
     chat: bool = False,
     ks: list[int] | None = None,
     correct_threshold: float,
+    segment_options: dict[str, Any] | None = None,
 ) -> dict[str, float]:
-    """Greedy accuracy over `rows`; with `samples` = n > 0 also pass@k, avg@n and maj@n.
-    A reward >= `correct_threshold` is correct (module docstring)."""
+    """Greedy accuracy over `rows`, and the greedy responses' median length in tokens and
+    median number of HISPO segments (`build_segments` with `segment_options`, from the
+    responses' own entropies); with `samples` = n > 0 also pass@k, avg@n, maj@n and the
+    mean number of distinct correct answers per problem. A reward >= `correct_threshold`
+    is correct (module docstring)."""
     picked = [rows[i] for i in range(len(rows))]
     _, ids = encode_prompts(task, tokenizer, picked, chat)
     greedy = engine.generate(ids, SamplingParams(max_new_tokens=max_new_tokens, greedy=True))
@@ -40,6 +46,7 @@ def evaluate(
     scores = [task.verify(t, row) or 0.0 for t, row in zip(texts, picked, strict=True)]
     out = {"eval/accuracy": sum(s >= correct_threshold for s in scores) / len(scores)}
     out["eval/reward"] = sum(scores) / len(scores)
+    out.update(response_shape(greedy, segment_options or {}))
     out.update(grouped_scores(task, picked, scores, correct_threshold))
     out.update(style_shares(task, picked, texts))
     out.update(task.eval_metrics(texts, picked))
@@ -50,11 +57,12 @@ def evaluate(
     texts = decode(tokenizer, sampled)
     ks = ks or [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= samples]
     pass_sums = dict.fromkeys(ks, 0.0)
-    avg_sum = maj_sum = 0.0
+    avg_sum = maj_sum = distinct_sum = 0.0
     for i, row in enumerate(picked):
         mine = texts[i * samples : (i + 1) * samples]
         correct = [(task.verify(t, row) or 0.0) >= correct_threshold for t in mine]
         c = sum(correct)
+        distinct_sum += distinct_correct(task, mine, correct)
         for k in ks:
             pass_sums[k] += pass_at_k(samples, c, k)
         avg_sum += avg_at_k([float(x) for x in correct])
@@ -63,6 +71,26 @@ def evaluate(
     out.update({f"eval/pass@{k}": v / n for k, v in pass_sums.items()})
     out[f"eval/avg@{samples}"] = avg_sum / n
     out[f"eval/maj@{samples}"] = maj_sum / n
+    out[f"eval/distinct_correct@{samples}"] = distinct_sum / n
+    return out
+
+
+def distinct_correct(task: Task, texts: list[str], correct: list[bool]) -> int:
+    """Distinct final answers (`Task.extract_answer`, else the whole text) among the correct
+    completions of one problem."""
+    return len({task.extract_answer(t) or t for t, ok in zip(texts, correct, strict=True) if ok})
+
+
+def response_shape(rollouts: Any, segment_options: dict[str, Any]) -> dict[str, float]:
+    """Median response length (tokens, EOS included) and median HISPO segment count."""
+    if len(rollouts) == 0:
+        return {}
+    lengths = rollouts.lengths.tolist()
+    out = {"eval/response_tokens_median": float(statistics.median(lengths))}
+    if rollouts.has_entropies:
+        ids = build_segments(rollouts.entropies, rollouts.response_mask, **segment_options)
+        counts = [int(ids[i, : max(n, 1)].max()) + 1 if n else 0 for i, n in enumerate(lengths)]
+        out["eval/segments_per_response_median"] = float(statistics.median(counts))
     return out
 
 

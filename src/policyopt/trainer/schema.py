@@ -67,6 +67,10 @@ class RolloutConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1)
     # Largest number of sequences per generation call.
     batch_size: int = Field(256, ge=1)
+    # Train on rollouts the policy sampled this many steps earlier, with their sampling
+    # log-probs as the loss's old log-probs (asynchronous trainers' lag; 0 = on-policy).
+    # policyopt.trainer.staleness says what the first steps and a resume do.
+    staleness: int = Field(0, ge=0)
 
 
 class RewardFunctionConfig(Section):

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from policyopt.core.advantages import apply_estimator
+from policyopt.core.diagnostics import rollout_diagnostics
 from policyopt.core.structure import check_declared_made, check_produced, gather
 from policyopt.rewards.shaping import ShapingContext
 from policyopt.rollout.base import RolloutEngine, Rollouts
@@ -34,6 +35,7 @@ from policyopt.trainer.data import PromptSampler
 from policyopt.trainer.distributed import Dist, full_weights, global_advantages, rank_slice
 from policyopt.trainer.parts import Parts
 from policyopt.trainer.prompts import decode, encode_prompts
+from policyopt.trainer.staleness import StaleQueue
 from policyopt.trainer.update import Optimization, update
 
 
@@ -52,6 +54,8 @@ class StepState:
     share: int
     optimization: Optimization
     dist: Dist = field(default_factory=Dist)
+    # rollout.staleness: the batches sampled but not yet trained on (trainer/staleness.py)
+    stale: StaleQueue[Any] = field(default_factory=lambda: StaleQueue(0))
 
 
 @dataclass
@@ -64,9 +68,54 @@ class Times:
 
 
 def train_step(parts: Parts, state: StepState) -> tuple[Batch | None, dict[str, float]]:
-    """One step; the trained batch (None if no group passed the filters) and its metrics."""
+    """One step; the trained batch (None if no group passed the filters) and its metrics.
+
+    With `rollout.staleness` k > 0 the step trains on the batch sampled k steps earlier
+    (`policyopt.trainer.staleness`); the sampling metrics are those of this step's batch."""
     t_start = time.perf_counter()
     times = Times()
+    fresh: list[dict[str, float]] = []
+
+    def sample_now() -> Batch | None:
+        kept, metrics = sample(parts, state, times)
+        fresh.append(metrics)
+        return kept
+
+    kept, version = state.stale.exchange(state.step, sample_now)
+    metrics = {**fresh[-1], "mech/staleness": float(state.step - version)}
+    # Every rank updates, or none does (each update pass is a collective).
+    (ready,) = state.dist.sum(float(kept is not None))
+    t_update = time.perf_counter()
+    trained = None
+    if ready < state.dist.world:
+        metrics["skipped_update"] = 1.0
+    else:
+        assert kept is not None
+        trained = advantage(parts, state.dist, kept)
+        metrics.update(trained.metrics)
+        metrics["advantage/abs_mean"] = float(trained.advantages.abs().mean())
+        metrics["reward/shaped_mean"] = float(trained.rewards["total"].mean())
+        metrics.update(mechanism_stats(parts, trained))
+        metrics.update(update(parts.loss, trained, state.optimization))
+        state.engine.sync_weights()
+    t_end = time.perf_counter()
+    metrics.update(
+        {
+            "time/generation": times.generation,
+            "time/scoring": times.scoring,
+            "time/training": t_end - t_update,
+            "time/step": t_end - t_start,
+            "generated_tokens": float(times.generated_tokens),
+            "tokens_per_s": times.generated_tokens / max(t_end - t_start, 1e-9),
+        }
+    )
+    return trained, metrics
+
+
+def sample(parts: Parts, state: StepState, times: Times) -> tuple[Batch | None, dict[str, float]]:
+    """1-3: rounds of rollout, score, shape and filter until enough groups are kept (one
+    round without dynamic sampling); the kept batch (None if none) and the sampling
+    metrics."""
     kept: list[Batch] = []
     sampled: list[Batch] = []
     n_groups = 0
@@ -90,35 +139,31 @@ def train_step(parts: Parts, state: StepState) -> tuple[Batch | None, dict[str, 
         "filter/rounds": float(times.rounds),
         **sample_stats(Batch.concat(sampled, state.pad_id)),
     }
-    # Every rank updates, or none does (each update pass is a collective).
-    (ready,) = state.dist.sum(float(bool(kept)))
-    t_update = time.perf_counter()
-    trained = None
-    if ready < state.dist.world:
-        metrics["skipped_update"] = 1.0
-    else:
-        trained = Batch.concat(kept, state.pad_id)
-        if parts.dynamic_sampling and n_groups > state.share:  # cut to the target
-            first = torch.unique(trained.group_ids)[: state.share]
-            trained = trained.select(torch.isin(trained.group_ids, first))
-        trained = advantage(parts, state.dist, trained)
-        metrics.update(trained.metrics)
-        metrics["advantage/abs_mean"] = float(trained.advantages.abs().mean())
-        metrics["reward/shaped_mean"] = float(trained.rewards["total"].mean())
-        metrics.update(update(parts.loss, trained, state.optimization))
-        state.engine.sync_weights()
-    t_end = time.perf_counter()
-    metrics.update(
-        {
-            "time/generation": times.generation,
-            "time/scoring": times.scoring,
-            "time/training": t_end - t_update,
-            "time/step": t_end - t_start,
-            "generated_tokens": float(times.generated_tokens),
-            "tokens_per_s": times.generated_tokens / max(t_end - t_start, 1e-9),
-        }
-    )
+    if not kept:
+        return None, metrics
+    trained = Batch.concat(kept, state.pad_id)
+    if parts.dynamic_sampling and n_groups > state.share:  # cut to the target
+        first = torch.unique(trained.group_ids)[: state.share]
+        trained = trained.select(torch.isin(trained.group_ids, first))
     return trained, metrics
+
+
+def mechanism_stats(parts: Parts, b: Batch) -> dict[str, float]:
+    """Rollout-side mechanism metrics of the trained batch (`core.diagnostics`)."""
+    r = b.rollouts
+    assert b.correct is not None
+    entropies = r.entropies if r.has_entropies else None  # the vllm engine may not have them
+    return {
+        **rollout_diagnostics(
+            entropies,
+            r.response_mask,
+            b.group_ids,
+            b.correct.tolist(),
+            [parts.task.extract_answer(c) for c in b.completions],
+            r.structure.get("segment_ids"),
+        ),
+        "mech/response_length": float(r.lengths.float().mean()),
+    }
 
 
 def rollout(

@@ -40,6 +40,7 @@ from policyopt.trainer.parts import build_parts
 from policyopt.trainer.plot import plot_metrics
 from policyopt.trainer.policy import load_policy
 from policyopt.trainer.resume_check import check_resume_config
+from policyopt.trainer.staleness import StaleQueue
 from policyopt.trainer.step import StepState, train_step
 from policyopt.trainer.update import NonFiniteUpdateError, Optimization
 
@@ -129,6 +130,8 @@ class Trainer:
             share=share(cfg.rollout.prompts_per_step, self.dist),
             optimization=self.optimization,
             dist=self.dist,
+            # Not checkpointed: a resumed run refills it (trainer/staleness.py).
+            stale=StaleQueue(cfg.rollout.staleness),
         )
         self.generated_tokens = 0  # over the whole run, for train.max_generated_tokens
         # Logs, samples and plots come from rank 0 only.
@@ -192,6 +195,7 @@ class Trainer:
             micro_batch_size=cfg.train.micro_batch_size,
             max_grad_norm=cfg.optim.max_grad_norm,
             tis_cap=resolve_tis_cap(cfg.algorithm.tis_cap, self.engine.exact_logprobs),
+            behaviour_old_logp=cfg.rollout.staleness > 0,
         )
 
     def _policy_module(self) -> torch.nn.Module:
@@ -413,6 +417,9 @@ class Trainer:
                 temperature=cfg.eval.temperature,
                 chat=cfg.model.chat_template,
                 correct_threshold=cfg.reward.correct_threshold,
+                segment_options=next(
+                    (a.options for a in cfg.rollout.annotators if a.name == "hispo_segments"), {}
+                ),
             )
 
     def close(self) -> None:

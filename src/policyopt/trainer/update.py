@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from policyopt.core import aggregate, global_normalisers, kl_penalty
+from policyopt.core.diagnostics import ratio_diagnostics
 from policyopt.core.losses import LossInputs, Normalisers, apply_policy_loss
 from policyopt.core.structure import gather
 from policyopt.core.tis import ISWeights
@@ -79,6 +80,9 @@ class Optimization:
     max_grad_norm: float | None = 1.0
     # Truncated importance sampling cap C (core/tis.py); None: off.
     tis_cap: float | None = None
+    # Stale rollouts (rollout.staleness > 0): the old log-probs are the rollouts' sampling
+    # log-probs (the behaviour policy's), not a recomputation with the current weights.
+    behaviour_old_logp: bool = False
     # Optimizer updates skipped for a non-finite loss or gradient: in a row (a finite update
     # resets it; the trainer stops at optim.max_nonfinite_updates) and over the run.
     nonfinite_in_a_row: int = 0
@@ -97,7 +101,10 @@ def update(loss: BoundLoss, batch: Batch, opt: Optimization) -> dict[str, float]
     # update; with one optimizer step per batch the ratio is exactly 1 and logp.detach()
     # gives the same loss and gradient (as TRL and verl do on-policy).
     off_policy = opt.ppo_epochs > 1 or opt.minibatches > 1
-    old_logp = batch_logprobs(opt.policy, batch, opt) if off_policy else None
+    if opt.behaviour_old_logp:
+        old_logp = batch.rollouts.logp * batch.rollouts.response_mask
+    else:
+        old_logp = batch_logprobs(opt.policy, batch, opt) if off_policy else None
     ref_logp = None
     if loss.kl_coef > 0:
         assert opt.reference is not None, "a KL penalty needs a reference policy"
@@ -195,6 +202,9 @@ def minibatch_step(
             )
             value = value + loss.kl_coef * kl_loss
             metrics["kl_ref"] = float((kl.detach() * m).sum() / m.sum().clamp(min=1))
+        segments = r.structure.get("segment_ids")
+        segments = None if segments is None else segments[rows, :width]
+        metrics.update(ratio_diagnostics(logp, old, m, segments))
         passes.backward(value, metrics, float(m.sum()))
     return passes.result()
 
