@@ -108,3 +108,38 @@ def test_item_tokenizer_round_trip(tmp_path):
         tok("i51")
     tok.save_pretrained(tmp_path)
     assert ItemTokenizer.from_pretrained(tmp_path).num_items == 50
+
+
+def test_nucleus_sampling_frequencies():
+    """top_p keeps the fewest most probable remaining items whose mass reaches top_p."""
+    from policyopt.rollout.pl_engine import nucleus_rankings
+
+    # softmax(log(0.5, 0.3, 0.15, 0.05)): with top_p = 0.7 the first position is drawn from
+    # {0, 1} renormalised (0.5/0.8, 0.3/0.8); given 0 first, the second from the remaining
+    # (0.6, 0.3, 0.1) nucleus {1, 2} (0.6 < 0.7): (0.6/0.9, 0.3/0.9).
+    scores = torch.tensor([0.5, 0.3, 0.15, 0.05]).log().expand(20000, 4)
+    out = nucleus_rankings(scores, 2, 0.7, generator=torch.Generator().manual_seed(0))
+    first = torch.bincount(out[:, 0], minlength=4).double() / 20000
+    assert first.tolist() == pytest.approx([0.625, 0.375, 0.0, 0.0], abs=0.015)
+    second = out[out[:, 0] == 0, 1]
+    freq = torch.bincount(second, minlength=4).double() / len(second)
+    assert freq.tolist() == pytest.approx([0.0, 2 / 3, 1 / 3, 0.0], abs=0.02)
+    # A tiny top_p is greedy; top_p = 1 keeps every item.
+    greedy = nucleus_rankings(scores[:5], 4, 1e-9)
+    assert greedy.tolist() == [[0, 1, 2, 3]] * 5
+    full = nucleus_rankings(scores, 1, 1.0, generator=torch.Generator().manual_seed(1))
+    assert (torch.bincount(full[:, 0], minlength=4) > 0).all()
+
+
+def test_engine_applies_top_p():
+    ranker = make_ranker()
+    engine = PLEngine(ranker)
+    prompts = [[1, 2, 3, 4, 5, 6]] * 200
+    ids = torch.tensor(prompts[0])
+    with torch.no_grad():
+        s = ranker.scores(ids[None], torch.ones(1, 6))[0]
+    best = int(ids[s.argmax()])
+    out = engine.generate(prompts, SamplingParams(max_new_tokens=3, top_p=1e-6))
+    assert (out.response_ids[:, 0] == best).all()  # the nucleus of one item
+    loose = engine.generate(prompts, SamplingParams(max_new_tokens=3, top_p=1.0))
+    assert (loose.response_ids[:, 0] != best).any()

@@ -5,7 +5,7 @@ the part other trainers can import on its own.
 """
 
 from policyopt.core import segment_loss  # noqa: F401  (registers the "hispo" loss)
-from policyopt.core.advantages import ADVANTAGES, compute_advantages
+from policyopt.core.advantages import ADVANTAGES, advantages_and_metrics, compute_advantages
 from policyopt.core.aggregation import AGG_MODES, aggregate, global_normalisers
 from policyopt.core.evaluation import avg_at_k, maj_at_k, pass_at_k, pass_at_k_curve
 from policyopt.core.kl import KL_ESTIMATORS, kl_penalty
@@ -18,6 +18,7 @@ __all__ = [
     "LossInputs",
     "Normalisers",
     "POLICY_LOSSES",
+    "advantages_and_metrics",
     "aggregate",
     "avg_at_k",
     "compute_advantages",

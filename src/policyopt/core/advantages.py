@@ -17,7 +17,9 @@ its advantage is exactly 0, never NaN.
 
 Every estimator is registered in `ADVANTAGES` with the signature
 `(rewards, group_ids, **options) -> Tensor[N]`, so that method modules can add their own
-(DATPO, SRPO, DRPO) and reuse the group helpers below.
+(DATPO, SRPO, DRPO) and reuse the group helpers below. An estimator may also report
+metrics: it then returns `(advantages, {name: float})`; `compute_advantages` returns the
+advantages alone, `advantages_and_metrics` both (the trainer logs the metrics each step).
 """
 
 from __future__ import annotations
@@ -50,13 +52,34 @@ def compute_advantages(name: str, rewards: Tensor, group_ids: Tensor, **options:
     )
 
 
+def advantages_and_metrics(
+    name: str, rewards: Tensor, group_ids: Tensor, **options: Any
+) -> tuple[Tensor, dict[str, float]]:
+    """`compute_advantages`, and the metrics the estimator reports ({} for most)."""
+    return estimator_with_metrics(
+        f"advantage estimator {name!r}", ADVANTAGES.get(name), rewards, group_ids, **options
+    )
+
+
 def apply_estimator(
     what: str, fn: Callable[..., Tensor], rewards: Tensor, group_ids: Tensor, /, **options: Any
 ) -> Tensor:
     """`compute_advantages` for an estimator already looked up (`what` names it in errors)."""
+    return estimator_with_metrics(what, fn, rewards, group_ids, **options)[0]
+
+
+def estimator_with_metrics(
+    what: str, fn: Callable[..., Any], rewards: Tensor, group_ids: Tensor, /, **options: Any
+) -> tuple[Tensor, dict[str, float]]:
+    """`apply_estimator`, and the metrics an estimator may report by returning
+    `(advantages, metrics)`."""
     reject_unknown_options(what, fn, options, skip=2)
     rewards, group_ids = check_rewards(rewards, group_ids)
-    return fn(rewards, group_ids, **options)
+    out = fn(rewards, group_ids, **options)
+    if isinstance(out, tuple):
+        advantages, metrics = out
+        return advantages, dict(metrics)
+    return out, {}
 
 
 def reject_unknown_options(

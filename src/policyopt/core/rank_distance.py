@@ -122,13 +122,13 @@ def grouped_kendall_distances(
     phi = top_pair_embedding(rankings.reshape(b * g, n), weights, k).view(b, g, -1)
     dist = 0.5 * torch.cdist(phi, phi, p=1)
     if normalize:
-        dist = dist / _reverse_distance(n, weighting, k)
+        dist = dist / reverse_distance(n, weighting, k)
     return dist.float()
 
 
 @functools.lru_cache(maxsize=64)
-def _reverse_distance(n: int, weighting: str, k: int | None) -> float:
-    """d(σ, reverse σ), the normaliser (the same for every σ)."""
+def reverse_distance(n: int, weighting: str, k: int | None = None) -> float:
+    """d(σ, reverse σ), the normaliser (the same for every σ of n items)."""
     ends = torch.stack([torch.arange(n), torch.arange(n - 1, -1, -1)])
     e = pair_embedding(ends, position_weights(n, weighting, k))
     return float(0.5 * (e[0] - e[1]).abs().sum())

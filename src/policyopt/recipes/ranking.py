@@ -8,7 +8,11 @@ from typing import Any
 
 from rich.console import Console
 
-from policyopt.methods.srpo.baselines import lambdarank_ndcg, listwise_softmax_ndcg
+from policyopt.methods.srpo.baselines import (
+    lambdarank_ndcg,
+    lambdarank_tuned,
+    listwise_softmax_ndcg,
+)
 from policyopt.tasks.base import Task
 from policyopt.tasks.ranking import RankingTask
 from policyopt.trainer.config import Config
@@ -34,11 +38,13 @@ def ranking_summary(
             "note: lightgbm is not installed, so lambdarank_ndcg@10 is null "
             "(pip install 'policyopt[rank]')"
         )
+    tuned = lambdarank_tuned(task, K, seed=config.train.seed, eval_size=size)
     return {
         f"initial_ndcg@{K}": initial[f"eval/ndcg@{K}"],
         f"final_ndcg@{K}": final[f"eval/ndcg@{K}"],
         f"oracle_ndcg@{K}": oracle("eval", K, limit=size) if oracle is not None else None,
         f"lambdarank_ndcg@{K}": lambdarank,
+        f"lambdarank_tuned_ndcg@{K}": None if tuned is None else tuned["ndcg"],
         f"listwise_softmax_ndcg@{K}": listwise_softmax_ndcg(
             task, K, model=_scorer(config), seed=config.train.seed, eval_size=size
         ),

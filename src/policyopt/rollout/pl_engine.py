@@ -2,7 +2,10 @@
 
 Each prompt is a query's candidate item ids; a response is a ranking of its top
 `max_new_tokens` positions (k), sampled exactly by the Gumbel-top-k trick from the scores at
-the sampling temperature, or the k best-scored items when greedy. A query with fewer than k
+the sampling temperature, or the k best-scored items when greedy. With `top_p` < 1 each
+position is drawn from the nucleus of the remaining items (the fewest most probable whose
+probabilities sum to >= top_p, renormalised), position by position, as an LM engine applies
+top-p per token; as there, the recorded log-probs are those of the untruncated policy. A query with fewer than k
 candidates is ranked in full (its response is shorter). Per position the engine records the
 sampling log-prob and entropy, computed by the policy's own `response_logprobs` (the same
 function the update uses, so the on-policy ratio is exactly 1). A ranking is never truncated.
@@ -61,6 +64,8 @@ class PLEngine(RolloutEngine):
         k = min(params.max_new_tokens, width)
         if params.greedy:
             local = scores.topk(k, dim=1).indices
+        elif params.top_p < 1.0:
+            local = nucleus_rankings(scores / params.temperature, k, params.top_p)
         else:
             local = sample_rankings(scores / params.temperature, 1, k)[:, 0]
         counts = mask.sum(1, keepdim=True)
@@ -84,6 +89,28 @@ class PLEngine(RolloutEngine):
             truncated=torch.zeros(len(prompts), dtype=torch.bool),
             generated_tokens=int(response_mask.sum()),
         )
+
+
+def nucleus_rankings(
+    scores: torch.Tensor, k: int, top_p: float, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Top-k lists [B, k], each position drawn from the top-p nucleus of the softmax over
+    the items not yet placed (the most probable item is always kept)."""
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    z = scores.detach().double().clone()
+    out = torch.empty(z.shape[0], k, dtype=torch.long)
+    for t in range(k):
+        probs = torch.softmax(z, dim=1)
+        sorted_p, order = probs.sort(dim=1, descending=True)
+        before = sorted_p.cumsum(1) - sorted_p  # mass strictly above each item
+        keep = before < top_p
+        keep[:, 0] = True
+        sorted_p = sorted_p * keep
+        pick = torch.multinomial(sorted_p / sorted_p.sum(1, keepdim=True), 1, generator=generator)
+        out[:, t] = order.gather(1, pick).squeeze(1)
+        z.scatter_(1, out[:, t : t + 1], float("-inf"))
+    return out
 
 
 @ENGINES.register("pl")

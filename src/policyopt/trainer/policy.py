@@ -26,11 +26,18 @@ def is_ranker_name(name_or_path: str) -> bool:
 def load_policy(model: ModelConfig, task: Task) -> tuple[Any, Any]:
     """(model, tokenizer) for `model.name_or_path` on `task`."""
     name = model.name_or_path
+    features = getattr(task, "item_features", None)
+    if not is_ranker_name(name) and features is not None:
+        raise ValueError(
+            f"task {task.name!r} is a learning-to-rank task for a ranking policy (its prompts "
+            f"are item ids, its items feature vectors a language model never sees), but "
+            f"model.name_or_path={name!r} is a language model: use model.name_or_path=pl-mlp "
+            "or pl-linear with rollout.engine=pl, or task rerank for an LM reranker"
+        )
     if not is_ranker_name(name):
         from policyopt.models.loading import load_model
 
         return load_model(name, dtype=model.dtype, device=model.device)
-    features = getattr(task, "item_features", None)
     if features is None:
         raise ValueError(
             f"model {name!r} is a ranking policy, but task {task.name!r} has no item features; "

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from policyopt.core.advantages import apply_estimator
+from policyopt.core.advantages import estimator_with_metrics
 from policyopt.core.diagnostics import rollout_diagnostics
 from policyopt.core.structure import check_declared_made, check_produced, gather
 from policyopt.rewards.shaping import ShapingContext
@@ -297,8 +297,12 @@ def advantage(parts: Parts, dist: Dist, batch: Batch) -> Batch:
     est = parts.advantage
     wanted = gather(est.label, est.fn, consumer_structure(batch.rollouts))
 
+    reported: dict[str, float] = {}
+
     def estimate(r: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        return apply_estimator(est.label, est.fn, r, g, **wanted, **est.options)
+        adv, m = estimator_with_metrics(est.label, est.fn, r, g, **wanted, **est.options)
+        reported.update(m)  # an estimator may report metrics (e.g. srpo/saturation)
+        return adv
 
     # Estimators of rewards alone see the global batch (REINFORCE++'s batch std); those
     # that read declared structure (DATPO's blocks, SRPO's distances) are per group, so
@@ -312,7 +316,8 @@ def advantage(parts: Parts, dist: Dist, batch: Batch) -> Batch:
     loss_mask = batch.rollouts.response_mask
     if parts.filter_truncated:  # DAPO's overlong filtering
         loss_mask = loss_mask * (~batch.rollouts.truncated).float()[:, None]
-    return replace(batch, advantages=advantages, loss_mask=loss_mask)
+    metrics = {**batch.metrics, **reported}
+    return replace(batch, advantages=advantages, loss_mask=loss_mask, metrics=metrics)
 
 
 def sample_stats(b: Batch) -> dict[str, float]:

@@ -33,6 +33,25 @@ register_preset(
     },
 )
 
+# PG-Rank (Singh & Joachims 2019, "Policy Learning for Fairness in Ranking", its policy
+# gradient for PL rankers): REINFORCE on sampled rankings, log π(ranking) = Σ_t log π(L_t |
+# L_<t), with the mean reward of the query's other samples as baseline (`rloo`); the
+# gradient is unbiased for ∇ E[R] (tested against the exact expectation over all
+# permutations). On-policy (one update per batch) the clipped ratio is 1: plain REINFORCE.
+register_preset(
+    "pg_rank",
+    {
+        "algorithm": {
+            "advantage": "rloo",
+            "loss": "ppo_clip",
+            "agg": "seq-mean-token-sum",
+            "clip_low": 0.2,
+            "clip_high": 0.2,
+        },
+        "reward": {"shapers": []},
+    },
+)
+
 __all__ = [
     "RankingDistances",
     "complete_rankings",

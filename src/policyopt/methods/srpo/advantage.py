@@ -2,12 +2,37 @@
 
 For rollouts i, j of one group g of G, rewards R and distances D_ij between their rankings:
 
-    S_ij = (R_i − R_j) / (D_ij + eps)            reward gained per unit of ranking change
-    A_i  = 1/(G − 1) · Σ_{j≠i, j ∈ g} tanh(S_ij / σ_g)
+    D'_ij = D_ij / c_g                           the distance's scale (`normalize`)
+    S_ij  = (R_i − R_j) / (D'_ij + eps)          reward gained per unit of ranking change
+    A_i   = 1/(G − 1) · Σ_{j≠i, j ∈ g} tanh(S_ij / (τ σ_g))
 
-σ_g the group's reward std with Bessel's correction (as `grpo`'s). A constant group, or a
-group of one, carries no signal: A = 0 exactly. Only entries of D within a group are read.
-D is declared structure (`needs("distances")`), made by the `ranking_distances` shaper.
+σ_g the group's reward std with Bessel's correction (as `grpo`'s), τ the `temperature`.
+How D is scaled is unpublished (SPEC §6), so c_g is an option:
+
+- `normalize="reverse"`: c_g = d(σ, reverse σ), the largest distance a ranking of the
+  group's n items can have (the `distance_scale` the `ranking_distances` shaper produces), so
+  D' ∈ [0, 1]. With ΔR/σ ≈ 1 most pairs saturate (|S/σ| > 2) once the policy sharpens and
+  D' shrinks: A_i is then a plain win rate.
+- `normalize="group_mean"`: c_g = the mean of D over the group's pairs i ≠ j, so D' is 1
+  for a typical pair at any stage of training (scale-free: the same for raw or normalised D).
+- `normalize="none"`: c_g = 1 (D as given).
+
+D = 0 with unequal rewards (two rollouts whose rankings are the same, e.g. LM completions
+that parse to the same list, or one ranking scored twice by a noisy click model): the pair
+says nothing about which ranking change pays, so its term is 0 (it still counts in the
+1/(G − 1) mean). Without the rule S = ΔR/eps and tanh = ±1, the largest possible weight for
+a difference the ranking did not cause. For a ranking policy the two rollouts have the same
+log-prob gradient, so their ±1 terms cancel in the update anyway; the rule removes them
+from the advantages too.
+
+A constant group, or a group of one, carries no signal: A = 0 exactly. Only entries of D
+within a group are read. D is declared structure (`needs("distances")`), made by the
+`ranking_distances` shaper, with `distance_scale` (optional: needed for "reverse" only).
+
+Metrics, every call: `srpo/saturation`, the share of pairs (i ≠ j in a group with unequal
+rewards, D > 0) whose tanh argument has |S/(τσ)| > 2 (tanh > 0.96: the term is a sign);
+`srpo/corr_grpo`, the Pearson correlation over the rollouts of such groups between A and
+GRPO's (R − mean_g)/std_g; `srpo/zero_distance_pairs`, the share of those pairs with D = 0.
 """
 
 from __future__ import annotations
@@ -15,32 +40,106 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from policyopt.core.advantages import ADVANTAGES, group_is_constant, group_mean_std
+from policyopt.core.advantages import ADVANTAGES
 from policyopt.core.structure import needs
+
+NORMALIZATIONS = ("reverse", "group_mean", "none")
+SATURATED = 2.0  # |tanh argument| above which a term is counted as saturated
 
 
 @ADVANTAGES.register("srpo")
-@needs("distances")
+@needs("distances", optional=("distance_scale",))
 def srpo_advantages(
-    rewards: Tensor, group_ids: Tensor, *, distances: Tensor, eps: float = 1e-6
-) -> Tensor:
-    """A_i = mean over the other members j of tanh(((R_i − R_j)/(D_ij + eps)) / σ_g)."""
+    rewards: Tensor,
+    group_ids: Tensor,
+    *,
+    distances: Tensor,
+    distance_scale: Tensor | None = None,
+    normalize: str = "reverse",
+    temperature: float = 1.0,
+    eps: float = 1e-6,
+) -> tuple[Tensor, dict[str, float]]:
+    """A_i = mean over the other members j of tanh(((R_i − R_j)/(D'_ij + eps)) / (τ σ_g)),
+    with the metrics of the module docstring."""
     n = rewards.shape[0]
     if not isinstance(distances, Tensor) or distances.shape != (n, n):
         shape = tuple(distances.shape) if isinstance(distances, Tensor) else type(distances)
         raise ValueError(f"srpo: distances must be [N, N] = [{n}, {n}], got {shape}")
     if eps <= 0:
         raise ValueError(f"srpo: eps must be > 0, got {eps}")
-    _, std, count = group_mean_std(rewards, group_ids)
-    same = group_ids[:, None] == group_ids[None, :]
+    if temperature <= 0:
+        raise ValueError(f"srpo: temperature must be > 0, got {temperature}")
+    if normalize not in NORMALIZATIONS:
+        raise ValueError(
+            f"srpo: unknown normalize {normalize!r}; valid: {', '.join(NORMALIZATIONS)}"
+        )
+    # Group statistics from the [N, N] same-group mask (N is one step's rollouts: cheap, and
+    # no sort as in torch.unique).
+    member = group_ids[:, None] == group_ids[None, :]
+    m = member.to(rewards.dtype)
+    count = m.sum(1)
+    mean = (m @ rewards) / count
+    dev = rewards[None, :] - mean[:, None]  # R_j − mean_g(i)
+    std = ((m * dev.square()).sum(1) / (count - 1).clamp(min=1)).sqrt()
+    high = rewards[None, :].masked_fill(~member, -torch.inf).amax(1)
+    low = rewards[None, :].masked_fill(~member, torch.inf).amin(1)
+    dead = (high == low) | (count == 1)  # a constant group, or a group of one
+    same = member.clone()
     same.fill_diagonal_(False)
-    d = distances.to(rewards.dtype)
-    within = d[same]
-    if within.numel() and (~torch.isfinite(within) | (within < 0)).any():
-        raise ValueError("srpo: distances within a group must be finite and >= 0")
+    d = distances.to(rewards.dtype).masked_fill(~same, 0.0)
+    if same.any():
+        within = d[same]
+        if (~torch.isfinite(within) | (within < 0)).any():
+            raise ValueError("srpo: distances within a group must be finite and >= 0")
+    d = d / _scale(d, same, m, distance_scale, normalize)[:, None]
     diff = rewards[:, None] - rewards[None, :]  # R_i − R_j
-    s = diff / (d.masked_fill(~same, 0.0) + eps)
-    # σ_g is the same for i and j in a group; a constant group (σ = 0) is masked below.
-    terms = torch.tanh(s / std.clamp(min=torch.finfo(rewards.dtype).tiny)[:, None])
-    adv = (terms * same).sum(1) / (count - 1).clamp(min=1)
-    return adv.masked_fill(group_is_constant(rewards, group_ids) | (count == 1), 0.0)
+    live = same & (d > 0)  # D = 0: the same ranking, the pair's term is 0 (docstring)
+    tiny = torch.finfo(rewards.dtype).tiny
+    arg = diff / (d + eps) / (temperature * std.clamp(min=tiny))[:, None]
+    terms = torch.tanh(arg) * live
+    adv = (terms.sum(1) / (count - 1).clamp(min=1)).masked_fill(dead, 0.0)
+    pairs = same & ~dead[:, None]
+    grpo = ((rewards - mean) / (std + 1e-6)).masked_fill(dead, 0.0)
+    return adv, _metrics(adv, grpo, arg, pairs, live)
+
+
+def _scale(d: Tensor, same: Tensor, member: Tensor, scale: Tensor | None, normalize: str) -> Tensor:
+    """c_g per rollout [N] (1 where it would be 0: a group whose rankings are all equal)."""
+    if normalize == "none":
+        return torch.ones(d.shape[0], dtype=d.dtype)
+    if normalize == "reverse":
+        if scale is None:
+            raise ValueError(
+                "srpo: normalize='reverse' needs distance_scale (d(σ, reverse σ) per rollout, "
+                "produced by the ranking_distances shaper); with distances that are already "
+                "normalised, use normalize='none'"
+            )
+        if scale.shape != (d.shape[0],) or (scale <= 0).any():
+            raise ValueError(f"srpo: distance_scale must be [N] and > 0, got {tuple(scale.shape)}")
+        return scale.to(d.dtype)
+    # The group's mean over its ordered pairs i ≠ j: Σ_{rows of the group} Σ_j D / Σ pairs.
+    total = member @ d.sum(1)
+    npairs = member @ same.sum(1).to(d.dtype)
+    mean = total / npairs.clamp(min=1)
+    return torch.where(mean > 0, mean, torch.ones_like(mean))
+
+
+def _metrics(adv: Tensor, grpo: Tensor, arg: Tensor, pairs: Tensor, live: Tensor) -> dict:
+    counted = pairs & live
+    n_pairs, n_counted = int(pairs.sum()), int(counted.sum())
+    saturated = int((arg.abs() > SATURATED).logical_and_(counted).sum())
+    rows = pairs.any(1)
+    return {
+        "srpo/saturation": saturated / n_counted if n_counted else 0.0,
+        "srpo/zero_distance_pairs": (n_pairs - n_counted) / n_pairs if n_pairs else 0.0,
+        "srpo/corr_grpo": _pearson(adv[rows], grpo[rows]),
+    }
+
+
+def _pearson(x: Tensor, y: Tensor) -> float:
+    """Pearson correlation; 0 when either side has no spread (or fewer than 2 values)."""
+    if x.numel() < 2:
+        return 0.0
+    x, y = x.double() - x.double().mean(), y.double() - y.double().mean()
+    denom = (x.square().sum() * y.square().sum()).sqrt()
+    return float((x * y).sum() / denom) if denom > 0 else 0.0
