@@ -87,6 +87,7 @@ def test_reward_function_structure_reaches_the_advantage_estimator(
 
 
 def test_a_producer_that_does_not_deliver_is_caught_at_run_time(tmp_path, small_config):
+    import policyopt.methods  # noqa: F401  (registers hispo_segments)
     from policyopt.rollout.strategies import ROLLOUT_ANNOTATORS
 
     annotator = ROLLOUT_ANNOTATORS.get("hispo_segments")
