@@ -79,6 +79,8 @@ def _train(experiments: list[Experiment], cfg: LRPTrainConfig) -> tuple[LRP, dic
         return level + effect
 
     def run(params: list[Tensor], epochs: int, phase: str) -> None:
+        if epochs == 0:  # a phase switched off (ablations): nothing trained, no loss logged
+            return
         opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         for _ in range(epochs):
             pred, logits = model(s.x_agn, s.x_spe, s.start_day, bank, adv_lambda=1.0)

@@ -51,7 +51,7 @@ class SkillEnv:
     day: int = 0  # the online day; experiments start on `first_day + day`
     first_day: int = 0  # the day after the offline history ends
     recent: list[Outcome] = field(default_factory=list)
-    recent_k: int = 3
+    recent_k: int = 2
     experiments: list[Experiment] = field(default_factory=list)  # deployed, with labels
     deployed_days: list[int] = field(default_factory=list)
     # Each deployment as (day, candidate index, document before, document after): enough to

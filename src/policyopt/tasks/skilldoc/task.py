@@ -72,7 +72,7 @@ class SkillDocTask(Task):
         history: int = 400,
         lrp: dict[str, Any] | None = None,
         invalid_penalty: float = 0.01,
-        recent_k: int = 3,
+        recent_k: int = 2,
         lower_agent: str = "rule",
         lm_agent_model: str = DEFAULT_LM_AGENT,
         token_margin: int = 8,
