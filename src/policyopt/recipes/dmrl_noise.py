@@ -55,9 +55,13 @@ def distinct_edits(n: int, seed: int) -> list:
 
 
 def noise_and_spread(x: np.ndarray) -> dict[str, float]:
-    """x [repeats, edits]: noise = mean_e std_r, spread = std_e mean_r (ddof 1)."""
+    """x [repeats, edits]: noise = mean_e std_r, spread = std_e mean_r (ddof 1), and
+    within-day noise: the same after removing each repeat's mean over the edits (a shift
+    that every candidate of a day shares does not change their order)."""
+    centred = x - x.mean(1, keepdims=True)
     return {
         "noise": float(x.std(0, ddof=1).mean()),
+        "within_day_noise": float(centred.std(0, ddof=1).mean()),
         "spread": float(x.mean(0).std(ddof=1)),
     }
 
@@ -116,14 +120,17 @@ def main() -> None:
         for u in args.users
     ]
     (out / f"noise_seed{args.seed}.json").write_text(json.dumps(rows, indent=2))
-    print("| users/arm | reward | noise (std, one edit repeated) | spread (std between edits) |")
-    print("|---|---|---|---|")
+    print(
+        "| users/arm | reward | noise (std, one edit repeated) | within-day noise "
+        "| spread (std between edits) |"
+    )
+    print("|---|---|---|---|---|")
     for row in rows:
         for k in ("old_predicted", "new_predicted", "old_true", "new_true"):
             r = row[k]
             print(
                 f"| {row['users_per_arm']} | {k} | {r['noise'] * 100:.3f}% | "
-                f"{r['spread'] * 100:.3f}% |"
+                f"{r['within_day_noise'] * 100:.3f}% | {r['spread'] * 100:.3f}% |"
             )
 
 
