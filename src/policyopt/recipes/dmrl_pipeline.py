@@ -44,6 +44,7 @@ from policyopt.recipes.pipeline import warm_started_policy
 from policyopt.tasks.adsim.abtest import AdPlatform
 from policyopt.tasks.adsim.history import make_history
 from policyopt.tasks.skilldoc.scripted import START_DOCUMENT, edit_token_budget
+from policyopt.tasks.skilldoc.task import DEMO_VERSION
 from policyopt.trainer.config import Config
 from policyopt.trainer.trainer import Trainer
 
@@ -158,7 +159,13 @@ def run_dmrl_pipeline(config: Config, console: Console | None = None) -> dict[st
     sft_config = copy.deepcopy(config)
     # One warm start for every seed (seed 0's demonstrations and SFT): seeds vary the
     # history, the LRP, the environment and RL, and the runs of a comparison share a start.
-    sft_config.task.options = {**options, "mode": "demonstrations", "seed": 0}
+    # demo_version enters the SFT cache key: a cache of older demonstrations is not reused
+    sft_config.task.options = {
+        **options,
+        "mode": "demonstrations",
+        "seed": 0,
+        "demo_version": DEMO_VERSION,
+    }
     sft_config.train.seed = 0
     model, tok, sft_metrics = warm_started_policy(sft_config, console)
     rl_config = copy.deepcopy(config)

@@ -33,6 +33,9 @@ from policyopt.tasks.skilldoc.rule_agent import LowerAgent, RuleAgent
 from policyopt.tasks.skilldoc.scripted import random_document, scripted_edit
 
 LOWER_AGENTS = ("rule", "lm")
+# Version of the demonstrations' format, an option so that it enters the SFT cache key
+# (which hashes the task options): 2 = newline-terminated edits, per-population lifts.
+DEMO_VERSION = 2
 DEFAULT_LM_AGENT = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
@@ -76,6 +79,7 @@ class SkillDocTask(Task):
         lower_agent: str = "rule",
         lm_agent_model: str = DEFAULT_LM_AGENT,
         token_margin: int = 8,
+        demo_version: int = DEMO_VERSION,
     ) -> None:
         """history, lrp: the offline experiments the LRP is trained on before RL, and the
         LRP's training settings (`LRPTrainConfig` fields); used by the dmrl pipeline.
@@ -90,6 +94,11 @@ class SkillDocTask(Task):
             )
         if recent_k < 0:
             raise ValueError(f"dmrl_skill: task.options.recent_k must be >= 0, got {recent_k}")
+        if demo_version != DEMO_VERSION:
+            raise ValueError(
+                f"dmrl_skill: task.options.demo_version={demo_version}: this version writes "
+                f"demonstrations of format {DEMO_VERSION} only"
+            )
         self.token_margin = int(token_margin)
         self.mode, self.seed = mode, seed
         self.sizes = {"train": train_size, "eval": eval_size}
