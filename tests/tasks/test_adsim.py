@@ -82,3 +82,28 @@ def test_true_effect_is_causal_over_all_users():
         - run(users, platform.ads, control).value.mean()
     )
     assert e.effect == pytest.approx(brute)
+
+
+def test_stratified_arms_hold_equal_population_counts():
+    from policyopt.tasks.adsim.abtest import stratified_arms
+
+    pop = np.array([0] * 7 + [1] * 5 + [2] * 3 + [3] * 2)
+    arm = stratified_arms(pop, 3, np.random.default_rng(0))
+    counts = np.array([[np.sum((arm == a) & (pop == p)) for p in range(4)] for a in range(3)])
+    assert (counts.max(0) - counts.min(0) <= 1).all()
+    assert counts.sum(1).max() - counts.sum(1).min() <= 1  # the rotation balances arm sizes
+
+
+def test_multi_arm_test_shares_one_control_and_is_deterministic():
+    plat = AdPlatform(seed=2, users_per_arm=80)
+    cands = [AdParams(ad_load=0.2), AdParams(quality_weight=0.9), AdParams()]
+    exps = plat.multi_arm_test(9, 3, AdParams(), cands, truth=True)
+    again = plat.multi_arm_test(9, 3, AdParams(), cands, truth=True)
+    assert len(exps) == 3 and all(e.arms[0] is exps[0].arms[0] for e in exps)
+    np.testing.assert_array_equal(exps[1].arms[1].pop_signals, again[1].arms[1].pop_signals)
+    for e in exps:  # every arm has the same population counts (±1), 80 users each
+        assert np.abs(e.arms[1].pop_counts - e.arms[0].pop_counts).max() <= 1
+        assert e.arms[1].pop_counts.sum() == 80
+    # the truth runs each configuration on all 4 x 80 users: an A/A arm's effect is 0
+    assert exps[2].effect == 0.0 and exps[0].effect != 0.0
+    np.testing.assert_array_equal(exps[0].pop_values[0], exps[1].pop_values[0])

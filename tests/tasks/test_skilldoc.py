@@ -117,3 +117,27 @@ def test_live_environment_state_survives_a_checkpoint(tmp_path):
         np.testing.assert_array_equal(x.pop_values, y.pop_values)
         assert x.control == y.control and x.treatment == y.treatment
     assert resumed.format_prompt({"prompt": "live"}) == first.format_prompt({"prompt": "live"})
+
+
+def test_read_edit_statuses_and_a_cut_edit_is_never_applied():
+    from policyopt.tasks.skilldoc.document import read_edit
+
+    doc = START_DOCUMENT
+    assert read_edit("delete ads 1\n", doc)[1] == "ok"
+    assert read_edit("delete ads 7\n", doc) == (None, "malformed")
+    # the review's example: a cut replace parsed as a rule naming no level (a delete)
+    assert read_edit("replace ads 1: cap repeated ads very hig", doc) == (None, "truncated")
+    assert read_edit("\nreplace ads 1: keep ad load low", doc) == (None, "truncated")
+
+
+def test_token_budget_holds_the_longest_demonstration():
+    from policyopt.models.tiny import build_char_tokenizer
+    from policyopt.tasks.skilldoc.scripted import demonstration_texts, edit_token_budget
+
+    texts = demonstration_texts()
+    longest = max(texts, key=len)
+    assert longest == "replace ranking 1: set quality weight very high\n"
+    assert edit_token_budget(build_char_tokenizer(), margin=8) == len(longest) + 1 + 8
+    rng = np.random.default_rng(0)
+    for _ in range(200):  # every scripted edit of a random document is in the list
+        assert scripted_edit(random_document(rng), rng).text() + "\n" in set(texts)

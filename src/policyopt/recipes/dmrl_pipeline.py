@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 from rich.console import Console
+from transformers import AutoTokenizer
 
 from policyopt.methods.dmrl.lrp_features import build_bank
 from policyopt.methods.dmrl.lrp_io import save_lrp
@@ -38,16 +39,47 @@ from policyopt.methods.dmrl.lrp_train import (
     train_lrp,
 )
 from policyopt.methods.dmrl.surrogate import SurrogateIndex
-from policyopt.models.tiny import cache_dir
+from policyopt.models.tiny import build_char_tokenizer, cache_dir
 from policyopt.recipes.pipeline import warm_started_policy
 from policyopt.tasks.adsim.abtest import AdPlatform
 from policyopt.tasks.adsim.history import make_history
-from policyopt.tasks.skilldoc.scripted import START_DOCUMENT
+from policyopt.tasks.skilldoc.scripted import START_DOCUMENT, edit_token_budget
+from policyopt.tasks.skilldoc.task import DEMO_VERSION
 from policyopt.trainer.config import Config
 from policyopt.trainer.trainer import Trainer
 
 PER_DAY = 4
 TRAIN_SHARE = 0.8
+LAST_STEPS = 10  # proposal_true_lift averages the editor's last LAST_STEPS days
+
+
+def check_token_budget(max_new_tokens: int, tokenizer: object, margin: int) -> int:
+    """The budget the editor needs; a clear error if `rollout.max_new_tokens` is below it."""
+    need = edit_token_budget(tokenizer, margin)
+    if max_new_tokens < need:
+        raise ValueError(
+            f"dmrl: rollout.max_new_tokens={max_new_tokens} cannot hold the longest "
+            f"demonstration edit plus task.options.token_margin={margin} ({need} tokens with "
+            f"this tokenizer); cut edits are never applied, so set rollout.max_new_tokens={need}"
+        )
+    return need
+
+
+def proposal_summary(log: list[dict[str, Any]], last: int = LAST_STEPS) -> dict[str, float]:
+    """The summary's proposal statistics from the environment's day records."""
+    n = sum(r["proposals"] for r in log)
+    tail = log[-last:]
+
+    def mean(key: str) -> float:
+        vals = [r[key] for r in tail if key in r]
+        return float(sum(vals) / len(vals)) if vals else float("nan")
+
+    return {
+        "proposal_true_lift": mean("true_lift"),
+        "random_proposal_true_lift": mean("random_true_lift"),
+        "truncated_fraction": sum(r["truncated"] for r in log) / n if n else float("nan"),
+        "malformed_fraction": sum(r["malformed"] for r in log) / n if n else float("nan"),
+    }
 
 
 def cached_lrp(options: dict[str, Any], out: Path) -> dict[str, float]:
@@ -97,6 +129,13 @@ def train_and_evaluate_lrp(options: dict[str, Any], out: Path) -> dict[str, floa
     }
 
 
+def _tokenizer_for(config: Config) -> Any:
+    """The editor's tokenizer (for the budget check, before any model is trained)."""
+    if config.model.name_or_path == "tiny":
+        return build_char_tokenizer()
+    return AutoTokenizer.from_pretrained(config.model.name_or_path)
+
+
 def run_dmrl_pipeline(config: Config, console: Console | None = None) -> dict[str, Any]:
     console = console or Console()
     start = time.perf_counter()
@@ -107,6 +146,10 @@ def run_dmrl_pipeline(config: Config, console: Console | None = None) -> dict[st
     options = dict(config.task.options)
     options.setdefault("seed", config.train.seed)
     t0 = time.perf_counter()
+    probe_tok = _tokenizer_for(config)
+    budget = check_token_budget(
+        config.rollout.max_new_tokens, probe_tok, int(options.get("token_margin", 8))
+    )
     lrp = cached_lrp(options, out / "lrp")
     lrp["lrp_seconds"] = time.perf_counter() - t0  # near 0 when cached
     console.print(
@@ -116,7 +159,13 @@ def run_dmrl_pipeline(config: Config, console: Console | None = None) -> dict[st
     sft_config = copy.deepcopy(config)
     # One warm start for every seed (seed 0's demonstrations and SFT): seeds vary the
     # history, the LRP, the environment and RL, and the runs of a comparison share a start.
-    sft_config.task.options = {**options, "mode": "demonstrations", "seed": 0}
+    # demo_version enters the SFT cache key: a cache of older demonstrations is not reused
+    sft_config.task.options = {
+        **options,
+        "mode": "demonstrations",
+        "seed": 0,
+        "demo_version": DEMO_VERSION,
+    }
     sft_config.train.seed = 0
     model, tok, sft_metrics = warm_started_policy(sft_config, console)
     rl_config = copy.deepcopy(config)
@@ -136,6 +185,10 @@ def run_dmrl_pipeline(config: Config, console: Console | None = None) -> dict[st
     finally:
         trainer.close()
     env = task.env  # type: ignore[attr-defined]
+    with (out / "dmrl_days.jsonl").open("w") as f:
+        for record in env.log:
+            f.write(json.dumps(record) + "\n")
+    agent_stats = getattr(env.agent, "stats", None)
     summary = {
         "recipe": config.algorithm.name,
         "advantage": config.algorithm.advantage,
@@ -149,6 +202,9 @@ def run_dmrl_pipeline(config: Config, console: Console | None = None) -> dict[st
         "final_document": env.document.render(),
         "final_parameters": env.control.as_dict(),
         "deployments": len(env.deployed_days),
+        **proposal_summary(env.log),
+        "edit_token_budget": budget,
+        "lower_agent": agent_stats() if callable(agent_stats) else "rule",
         "sft": sft_metrics,
         "rl_steps": trainer.step,
         "rl_seconds": rl_seconds,

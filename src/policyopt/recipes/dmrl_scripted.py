@@ -30,7 +30,7 @@ def climb(lrp: str, seed: int, days: int, edits: int) -> list[tuple[int, float, 
     start = task.value(START_DOCUMENT)
     out = []
     for day in range(1, days + 1):
-        texts = [scripted_edit(task.env.document, rng).text() for _ in range(edits)]
+        texts = [scripted_edit(task.env.document, rng).text() + "\n" for _ in range(edits)]
         dmrl_lrp_reward(["p"] * edits, texts, env_key=[task.env_key] * edits)
         if day % 5 == 0 or day == days:
             rel = task.value(task.env.document) / start - 1

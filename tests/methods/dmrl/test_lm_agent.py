@@ -1,10 +1,14 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
-from policyopt.methods.dmrl.lm_agent import LMAgent, parse_parameters
-from policyopt.models.loading import load_model
+from policyopt.models.tiny import build_char_tokenizer
 from policyopt.tasks.adsim.params import RANGES, AdParams
+from policyopt.tasks.base import get_task
+from policyopt.tasks.skilldoc.document import Edit
+from policyopt.tasks.skilldoc.lm_agent import LMAgent, parse_parameters
+from policyopt.tasks.skilldoc.rule_agent import RuleAgent
 from policyopt.tasks.skilldoc.scripted import START_DOCUMENT
 
 
@@ -19,10 +23,48 @@ def test_parse_clips_and_defaults():
     assert set(missing) == {"quality_weight", "exploration_rate"}
 
 
-def test_tiny_model_agent_returns_parameters_in_range():
-    model, tok = load_model("tiny")
-    agent = LMAgent(model, tok, max_new_tokens=40)
+class ScriptedLM:
+    """A stand-in causal LM whose greedy output is a fixed text (records its prompts)."""
+
+    def __init__(self, tokenizer, text):
+        self.tokenizer, self.text, self.prompts, self.frozen = tokenizer, text, [], False
+
+    def eval(self):
+        return self
+
+    def requires_grad_(self, flag):
+        self.frozen = not flag
+        return self
+
+    def generate(self, input_ids, **kwargs):
+        self.prompts.append(self.tokenizer.decode(input_ids[0]))
+        out = self.tokenizer(self.text, add_special_tokens=False, return_tensors="pt")
+        return torch.cat([input_ids, out["input_ids"]], 1)
+
+
+def test_agent_sets_what_the_model_wrote_and_counts_the_parse_rate():
+    tok = build_char_tokenizer()
+    lm = ScriptedLM(tok, "ad_load=0.07 quality_weight=0.9\nexploration_rate=0.2")
+    agent = LMAgent(lm, tok, max_new_tokens=60)
     p = agent(START_DOCUMENT)
-    for name, (lo, hi) in RANGES.items():
-        assert lo <= getattr(p, name) <= hi
-    assert isinstance(agent.last_missing, list)
+    assert lm.frozen and "keep ad load very high" in lm.prompts[0]  # reads the document
+    assert (p.ad_load, p.quality_weight, p.exploration_rate) == pytest.approx((0.07, 0.9, 0.2))
+    assert p.pacing_rate == AdParams().pacing_rate
+    assert set(agent.last_missing) == {"pacing_rate", "frequency_cap"}
+    agent(START_DOCUMENT)  # memoised: greedy decoding of a frozen model
+    assert len(lm.prompts) == 1
+    assert agent.stats() == {"documents": 1.0, "parse_rate": 0.0, "mean_named": 3.0}
+    lm.text = "ad_load=0.1 quality_weight=0.5 pacing_rate=1 exploration_rate=0 frequency_cap=2"
+    agent(START_DOCUMENT.apply(Edit("ads", "delete", 0, "")))
+    assert agent.stats()["parse_rate"] == 0.5
+
+
+def test_lower_agent_option_selects_the_agent():
+    task = get_task("dmrl_skill", users_per_arm=10, eval_users=10)
+    assert isinstance(task.env.agent, RuleAgent)
+    with pytest.raises(ValueError, match="lower_agent must be one of"):
+        get_task("dmrl_skill", users_per_arm=10, eval_users=10, lower_agent="llm")
+    lm = get_task(
+        "dmrl_skill", users_per_arm=10, eval_users=10, lower_agent="lm", lm_agent_model="tiny"
+    )
+    assert isinstance(lm.env.agent, LMAgent)

@@ -4,47 +4,89 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from policyopt.recipes import recipe_config
-from policyopt.recipes.dmrl_pipeline import run_dmrl_pipeline
+from policyopt.recipes.dmrl_pipeline import proposal_summary, run_dmrl_pipeline
 from policyopt.tasks.adsim.abtest import AdPlatform
+from policyopt.tasks.skilldoc.document import parse_document
 from policyopt.tasks.skilldoc.rule_agent import RuleAgent
 from policyopt.tasks.skilldoc.scripted import START_DOCUMENT
+
+TINY = [
+    "task.options.history=24",
+    "task.options.users_per_arm=50",
+    "task.options.eval_users=100",
+    "task.options.lrp={hidden: 8, warmup_epochs: 5, disc_epochs: 2, joint_epochs: 2}",
+    "sft.steps=2",
+    "rollout.group_size=4",
+    "rollout.prompts_per_step=1",
+    "train.steps=2",
+    "train.progress=false",
+    "train.plot=false",
+]
+
+
+def test_a_budget_that_cuts_edits_is_refused_before_training(tmp_path):
+    config = recipe_config("dmrl", [*TINY, "rollout.max_new_tokens=40"], str(tmp_path), None)
+    with pytest.raises(ValueError, match="max_new_tokens=40 cannot hold the longest"):
+        run_dmrl_pipeline(config)
+    assert not (tmp_path / "lrp").exists()
+
+
+def test_proposal_summary_by_hand():
+    log = [
+        {
+            "proposals": 4,
+            "ok": 2,
+            "malformed": 1,
+            "truncated": 1,
+            "true_lift": 0.02,
+            "random_true_lift": 0.01,
+        },
+        {
+            "proposals": 4,
+            "ok": 4,
+            "malformed": 0,
+            "truncated": 0,
+            "true_lift": -0.01,
+            "random_true_lift": 0.03,
+        },
+    ]
+    s = proposal_summary(log, last=1)
+    assert s == {
+        "proposal_true_lift": -0.01,
+        "random_proposal_true_lift": 0.03,
+        "truncated_fraction": 1 / 8,
+        "malformed_fraction": 1 / 8,
+    }
+    assert proposal_summary(log)["proposal_true_lift"] == pytest.approx(0.005)
 
 
 @pytest.mark.slow
 def test_quickstart_dmrl_tiny(tmp_path, monkeypatch):
     monkeypatch.setenv("POLICYOPT_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "run"
-    config = recipe_config(
-        "dmrl",
-        [
-            "task.options.history=24",
-            "task.options.users_per_arm=50",
-            "task.options.eval_users=100",
-            "task.options.lrp={hidden: 8, warmup_epochs: 5, disc_epochs: 2, joint_epochs: 2}",
-            "sft.steps=2",
-            "rollout.group_size=4",
-            "rollout.prompts_per_step=1",
-            "rollout.max_new_tokens=16",
-            "train.steps=2",
-            "train.progress=false",
-            "train.plot=false",
-        ],
-        str(out),
-        None,
-    )
+    config = recipe_config("dmrl", TINY, str(out), None)
     summary = run_dmrl_pipeline(config)
     saved = json.loads((out / "summary.json").read_text())
-    for key in (
-        "initial_long_term_value",
-        "final_long_term_value",
-        "lrp_spearman",
-        "surrogate_spearman",
-    ):
-        assert saved[key] == pytest.approx(summary[key])
+    assert saved == json.loads(json.dumps(summary))
     platform = AdPlatform(0, users_per_arm=50)
-    start = platform.value(RuleAgent()(START_DOCUMENT), platform.eval_users(100))
+    users = platform.eval_users(100)
+    start = platform.value(RuleAgent()(START_DOCUMENT), users)
     assert saved["initial_long_term_value"] == pytest.approx(start)
+    # the final value is the deployed document's, recomputed independently
+    final = platform.value(RuleAgent()(parse_document(saved["final_document"])), users)
+    assert saved["final_long_term_value"] == pytest.approx(final)
+    if saved["deployments"] == 0:
+        assert saved["final_document"] == START_DOCUMENT.render()
     assert saved["rl_steps"] == 2 and (out / "lrp" / "lrp.safetensors").is_file()
+    days = [json.loads(line) for line in (out / "dmrl_days.jsonl").read_text().splitlines()]
+    assert len(days) == 2
+    for d in days:  # 4 proposals a day, each counted once by status
+        assert d["proposals"] == 4 == d["ok"] + d["malformed"] + d["truncated"]
+        assert np.isfinite(d["true_lift"]) and np.isfinite(d["random_true_lift"])
+    assert saved["truncated_fraction"] == pytest.approx(sum(d["truncated"] for d in days) / 8)
+    assert saved["malformed_fraction"] == pytest.approx(sum(d["malformed"] for d in days) / 8)
+    assert saved["edit_token_budget"] == 57 == config.rollout.max_new_tokens

@@ -36,6 +36,8 @@ class LRPTrainConfig:
     joint_epochs: int = 300
     adv_lambda: float = 0.1  # λ_adv (unpublished)
     seed: int = 0
+    # False: train (and use) the LRP with an empty memory bank (the ablation without it)
+    use_bank: bool = True
     # torch threads while training: the matrices are small, and on a busy 2-core machine
     # two threads were 25x slower than one (0.9 s vs 24 s for the unit test's setting).
     num_threads: int = 1
@@ -65,7 +67,11 @@ def _train(experiments: list[Experiment], cfg: LRPTrainConfig) -> tuple[LRP, dic
     s = build_samples(experiments)
     model = LRP(cfg.hidden)
     model.fit_scaler(s.x_agn, s.y)
-    bank = build_bank(experiments, float(model.y_mean), float(model.y_std))
+    bank = (
+        build_bank(experiments, float(model.y_mean), float(model.y_std))
+        if cfg.use_bank
+        else MemoryBank.empty()
+    )
     y = (s.y - model.y_mean) / model.y_std
     eff_std = float(_effects(y).std().clamp(min=1e-6))
     disc = list(model.discriminator.parameters())
@@ -79,6 +85,8 @@ def _train(experiments: list[Experiment], cfg: LRPTrainConfig) -> tuple[LRP, dic
         return level + effect
 
     def run(params: list[Tensor], epochs: int, phase: str) -> None:
+        if epochs == 0:  # a phase switched off (ablations): nothing trained, no loss logged
+            return
         opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         for _ in range(epochs):
             pred, logits = model(s.x_agn, s.x_spe, s.start_day, bank, adv_lambda=1.0)

@@ -13,6 +13,13 @@ the arms, and runs each arm's configuration. What it returns:
   counterfactual), so that treatment − control is the causal effect, free of the noise of
   which users fell in which half. It is the evaluation target, and the "matured" label of
   an experiment once 7 days have passed since it started (`matured_day = start_day + 7`).
+
+`multi_arm_test` tests K candidates in one experiment against one control: (K + 1)·U users
+of the day's traffic, assigned to the arms stratified by population (each population's users
+dealt round-robin after a shuffle, so every arm holds the same population counts, ±1). It
+returns one `Experiment` per candidate that shares the control arm's signals: the candidates'
+lifts over that control are comparable with each other (common control, same population
+mix), which separate A/B tests with their own users are not.
 """
 
 from __future__ import annotations
@@ -130,6 +137,55 @@ class AdPlatform:
             arms=(arms[0], arms[1]),
             pop_values=np.stack(values) if truth else None,
         )
+
+    def multi_arm_test(
+        self,
+        experiment_id: int,
+        start_day: int,
+        control: AdParams,
+        treatments: list[AdParams],
+        truth: bool = False,
+    ) -> list[Experiment]:
+        """K treatments against one control in one experiment (module docstring)."""
+        k = len(treatments)
+        rng = np.random.default_rng([self.seed, 6, experiment_id])
+        shares = rng.dirichlet(SHARES * 40)
+        users = make_users((k + 1) * self.users_per_arm, rng, shares)
+        arm_of = stratified_arms(users.population, k + 1, rng)
+        configs = [control, *treatments]
+        signals, values = [], []
+        for a, params in enumerate(configs):
+            arm_users = users.take(np.flatnonzero(arm_of == a))
+            n = len(arm_users)
+            day1 = simulate_day(arm_users, self.ads, params, np.zeros(n), np.zeros(n))
+            signals.append(observe(day1, arm_users.population, rng))
+            if truth:
+                per_user = run(users, self.ads, params, HORIZON).value
+                values.append(_by_pop(per_user[:, None], users.population)[:, 0])
+        return [
+            Experiment(
+                id=experiment_id,
+                start_day=start_day,
+                control=control,
+                treatment=treatments[i],
+                shares=shares,
+                arms=(signals[0], signals[i + 1]),
+                pop_values=np.stack([values[0], values[i + 1]]) if truth else None,
+            )
+            for i in range(k)
+        ]
+
+
+def stratified_arms(pop: np.ndarray, arms: int, rng: np.random.Generator) -> np.ndarray:
+    """Arm index per user [U]: within each population, a random order dealt round-robin
+    (arm counts per population differ by at most one; the starting arm rotates)."""
+    out = np.empty(len(pop), dtype=int)
+    start = 0
+    for p in range(POPS):
+        idx = rng.permutation(np.flatnonzero(pop == p))
+        out[idx] = (start + np.arange(len(idx))) % arms
+        start = (start + len(idx)) % arms
+    return out
 
 
 def _by_pop(x: np.ndarray, pop: np.ndarray) -> np.ndarray:

@@ -15,7 +15,11 @@ An edit e = (location, action, content) is written on one line, in one of three 
     delete SECTION N                 delete rule N of SECTION
 
 `parse_edit` returns None for anything else (unknown action or section, a rule number out of
-range, empty or over-long content): the reward function scores that 0 and counts it.
+range, empty or over-long content). An edit is complete only when its line ends with a
+newline: `read_edit` calls a completion without one "truncated" (it hit the token budget, or
+stopped mid-line) and never applies it, whatever its prefix would parse as; otherwise
+"malformed" when `parse_edit` rejects it, "ok" when it parses. The reward function scores
+truncated and malformed edits as "no change" minus a bounded penalty and counts them apart.
 """
 
 from __future__ import annotations
@@ -125,6 +129,17 @@ def parse_edit(text: str, doc: SkillDocument) -> Edit | None:
     ):
         return None
     return Edit(section, action, index, content)
+
+
+EDIT_STATUSES = ("ok", "malformed", "truncated")
+
+
+def read_edit(text: str, doc: SkillDocument) -> tuple[Edit | None, str]:
+    """(edit, status) of a completion (module docstring): status in `EDIT_STATUSES`."""
+    if "\n" not in text.lstrip():
+        return None, "truncated"
+    edit = parse_edit(text, doc)
+    return edit, "ok" if edit is not None else "malformed"
 
 
 def parse_document(text: str) -> SkillDocument:

@@ -9,22 +9,25 @@ control if that lift exceeds `deploy_margin` (0.5%). The deployed experiment's t
 (it matures `HORIZON` days later, when it may enter the LRP's memory bank).
 
 Environments are kept in `LIVE_ENVIRONMENTS` under a key that the task's rows carry (column
-`env_key`), so that a reward function, which receives columns only, finds the one its
-prompts came from.
+`env_key`, a fresh uuid per task: two runs in one process never share one), so that a reward
+function, which receives columns only, finds the one its prompts came from. The registry
+holds environments weakly: an environment leaves it when its task is freed.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 from policyopt.tasks.adsim.abtest import AdPlatform, Experiment
 from policyopt.tasks.adsim.params import AdParams
+from policyopt.tasks.adsim.world import Users
 from policyopt.tasks.skilldoc.document import Edit, SkillDocument, parse_document
 from policyopt.tasks.skilldoc.rule_agent import LowerAgent, RuleAgent
 from policyopt.tasks.skilldoc.scripted import START_DOCUMENT
 
-LIVE_ENVIRONMENTS: dict[str, SkillEnv] = {}
+LIVE_ENVIRONMENTS: weakref.WeakValueDictionary[str, SkillEnv] = weakref.WeakValueDictionary()
 ONLINE_ID_BASE = 1_000_000  # experiment ids of online A/B tests (offline history below)
 
 
@@ -32,9 +35,15 @@ ONLINE_ID_BASE = 1_000_000  # experiment ids of online A/B tests (offline histor
 class Outcome:
     edit: str
     lift: float  # predicted long-term lift, relative (0.01 = +1%)
+    # predicted lift per population (POPULATIONS order); empty when not known
+    pop_lifts: tuple[float, ...] = ()
+
+    def line(self) -> str:
+        pops = " ".join(f"{x * 100:+.1f}" for x in self.pop_lifts)
+        return f"{self.lift * 100:+.1f}% {self.edit}" + (f" | pop {pops}" if pops else "")
 
 
-@dataclass
+@dataclass(eq=False)
 class SkillEnv:
     platform: AdPlatform
     document: SkillDocument = START_DOCUMENT
@@ -42,7 +51,7 @@ class SkillEnv:
     day: int = 0  # the online day; experiments start on `first_day + day`
     first_day: int = 0  # the day after the offline history ends
     recent: list[Outcome] = field(default_factory=list)
-    recent_k: int = 1
+    recent_k: int = 2
     experiments: list[Experiment] = field(default_factory=list)  # deployed, with labels
     deployed_days: list[int] = field(default_factory=list)
     # Each deployment as (day, candidate index, document before, document after): enough to
@@ -55,6 +64,15 @@ class SkillEnv:
     # Deploy only a predicted lift above this: the best of G noisy predictions overstates
     # its lift (winner's curse); a margin keeps the control from drifting on noise.
     deploy_margin: float = 0.005
+    # Lift a malformed or truncated edit scores: "no change" minus this (reward.py).
+    invalid_penalty: float = 0.01
+    # The platform's fixed evaluation users (true values; evaluation and logging only).
+    eval_users: Users | None = None
+    # One record per day of what the editor proposed (reward.py): counts by status and,
+    # when eval users are set, the proposals' true 7-day lifts over the deployed document.
+    log: list[dict[str, Any]] = field(default_factory=list)
+    scorer: Any = field(default=None, repr=False)  # the reward's LRP, bound by lrp_path
+    _values: dict[tuple[float, ...], float] = field(default_factory=dict, repr=False)
 
     @property
     def control(self) -> AdParams:
@@ -67,6 +85,26 @@ class SkillEnv:
     def prompt(self) -> str:
         return render_prompt(self.document, self.recent)
 
+    def true_value(self, doc: SkillDocument) -> float:
+        """True 7-day value per user of `doc`'s configuration on the evaluation users."""
+        if self.eval_users is None:
+            raise ValueError("SkillEnv.true_value: the environment has no evaluation users")
+        params = self.agent(doc)
+        key = tuple(params.as_dict().values())
+        if key not in self._values:
+            self._values[key] = self.platform.value(params, self.eval_users)
+        return self._values[key]
+
+    def multi_arm_test(self, candidates: list[SkillDocument]) -> list[Experiment]:
+        """Today's candidates in one multi-arm test against the deployed configuration
+        (one control arm, the same users' traffic; `AdPlatform.multi_arm_test`)."""
+        return self.platform.multi_arm_test(
+            ONLINE_ID_BASE + 1000 * self.day,
+            self.start_day,
+            self.control,
+            [self.agent(c) for c in candidates],
+        )
+
     def ab_test(self, candidate: SkillDocument, index: int, truth: bool = False) -> Experiment:
         """A/B test of `candidate`'s configuration against the deployed one, today."""
         return self.platform.ab_test(
@@ -77,7 +115,9 @@ class SkillEnv:
             truth=truth,
         )
 
-    def deploy(self, edit: Edit | None, lift: float, index: int) -> bool:
+    def deploy(
+        self, edit: Edit | None, lift: float, index: int, pop_lifts: tuple[float, ...] = ()
+    ) -> bool:
         """End the day: deploy `edit` if its predicted lift exceeds `deploy_margin`; True if
         deployed."""
         deployed = edit is not None and lift > self.deploy_margin
@@ -90,7 +130,7 @@ class SkillEnv:
             self.document = new
             self.deployed_days.append(self.day)
         if edit is not None:
-            self.recent = [*self.recent, Outcome(edit.text(), lift)][-self.recent_k :]
+            self.recent = [*self.recent, Outcome(edit.text(), lift, pop_lifts)][-self.recent_k :]
         self.day += 1
         return deployed
 
@@ -100,8 +140,9 @@ class SkillEnv:
         return {
             "document": self.document.render(),
             "day": self.day,
-            "recent": [[o.edit, o.lift] for o in self.recent],
+            "recent": [[o.edit, o.lift, list(o.pop_lifts)] for o in self.recent],
             "deployments": [list(d) for d in self.deployments],
+            "log": self.log,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -115,11 +156,15 @@ class SkillEnv:
             self.deployments.append((int(day), int(index), before, after))
         self.document = parse_document(state["document"])
         self.day = int(state["day"])
-        self.recent = [Outcome(str(edit), float(lift)) for edit, lift in state["recent"]]
+        self.log = list(state.get("log", []))
+        self.recent = [
+            Outcome(str(r[0]), float(r[1]), tuple(float(x) for x in (r[2] if len(r) > 2 else ())))
+            for r in state["recent"]
+        ]
 
 
 def render_prompt(doc: SkillDocument, recent: list[Outcome]) -> str:
     lines = [doc.render(), "recent:"]
-    lines += [f"{o.lift * 100:+.1f}% {o.edit}" for o in recent] or ["none"]
+    lines += [o.line() for o in recent] or ["none"]
     lines.append("edit:")
     return "\n".join(lines) + "\n"

@@ -47,6 +47,29 @@ def random_document(rng: np.random.Generator) -> SkillDocument:
     return SkillDocument.from_dict(sections)
 
 
+def demonstration_texts() -> list[str]:
+    """Every completion the scripted editor can write (newline-terminated), any document."""
+    out = []
+    for param, (section, _) in PHRASES.items():
+        out.append(f"delete {section} 1\n")
+        for level in LEVEL_WORDS:
+            out.append(f"insert {section}: {rule_text(param, level)}\n")
+            for n in range(1, MAX_RULES_PER_SECTION + 1):
+                out.append(f"replace {section} {n}: {rule_text(param, level)}\n")
+                out.append(f"delete {section} {n}\n")
+    return out
+
+
+def edit_token_budget(tokenizer: object, margin: int = 8) -> int:
+    """Tokens the editor needs: the longest demonstration (with EOS) plus `margin`."""
+    encode = tokenizer  # a Hugging Face tokenizer: tokenizer(text)["input_ids"]
+    longest = max(
+        len(encode(t, add_special_tokens=False)["input_ids"])  # type: ignore[operator]
+        for t in demonstration_texts()
+    )
+    return longest + 1 + margin
+
+
 def scripted_edit(doc: SkillDocument, rng: np.random.Generator) -> Edit:
     """One random well-formed edit of `doc`."""
     param = str(rng.choice(list(PHRASES)))

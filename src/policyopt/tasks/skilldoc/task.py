@@ -9,11 +9,17 @@ Two kinds of rows:
 
 `verify` (evaluation) is the TRUE relative 7-day lift of an edit's configuration over the
 deployed one on the platform's held-out evaluation users (the simulator's expectation, no
-LRP), 0 for a malformed edit: what the LRP's reward stands in for.
+LRP), None for a malformed or truncated edit (`read_edit`): what the LRP's reward stands in
+for.
+
+`lower_agent`: "rule" (the keyword interpreter, the fast default) or "lm" (`LMAgent`, a
+frozen causal LM, `lm_agent_model`, default SmolLM2-135M-Instruct, greedy; its outputs are
+memoised per document, and its parse rate is counted on the agent).
 """
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import datasets
@@ -21,9 +27,32 @@ import numpy as np
 
 from policyopt.tasks.adsim.abtest import AdPlatform
 from policyopt.tasks.base import TASKS, Task
-from policyopt.tasks.skilldoc.document import SkillDocument, parse_document, parse_edit
+from policyopt.tasks.skilldoc.document import SkillDocument, parse_document, read_edit
 from policyopt.tasks.skilldoc.env import LIVE_ENVIRONMENTS, Outcome, SkillEnv, render_prompt
+from policyopt.tasks.skilldoc.rule_agent import LowerAgent, RuleAgent
 from policyopt.tasks.skilldoc.scripted import random_document, scripted_edit
+
+LOWER_AGENTS = ("rule", "lm")
+# Version of the demonstrations' format, an option so that it enters the SFT cache key
+# (which hashes the task options): 2 = newline-terminated edits, per-population lifts.
+DEMO_VERSION = 2
+DEFAULT_LM_AGENT = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def make_lower_agent(kind: str, model: str = DEFAULT_LM_AGENT) -> LowerAgent:
+    """The frozen lower agent `kind` ("rule" | "lm"; task option `lower_agent`)."""
+    if kind == "rule":
+        return RuleAgent()
+    if kind == "lm":
+        # imported here: loading a model is needed only for the LM agent
+        from policyopt.models.loading import load_model
+        from policyopt.tasks.skilldoc.lm_agent import LMAgent
+
+        lm, tok = load_model(model)
+        return LMAgent(lm, tok)
+    raise ValueError(
+        f"dmrl_skill: task.options.lower_agent must be one of {LOWER_AGENTS}, got {kind!r}"
+    )
 
 
 class SkillDocTask(Task):
@@ -45,29 +74,54 @@ class SkillDocTask(Task):
         deploy_margin: float = 0.005,
         history: int = 400,
         lrp: dict[str, Any] | None = None,
+        invalid_penalty: float = 0.01,
+        recent_k: int = 2,
+        lower_agent: str = "rule",
+        lm_agent_model: str = DEFAULT_LM_AGENT,
+        token_margin: int = 8,
+        demo_version: int = DEMO_VERSION,
     ) -> None:
         """history, lrp: the offline experiments the LRP is trained on before RL, and the
-        LRP's training settings (`LRPTrainConfig` fields); used by the dmrl pipeline."""
+        LRP's training settings (`LRPTrainConfig` fields); used by the dmrl pipeline.
+        invalid_penalty: the lift a malformed or truncated edit scores below "no change"
+        (0.01 = 1%). recent_k: past outcomes in the prompt. token_margin: tokens the editor
+        may generate beyond the longest demonstration (the dmrl pipeline's budget check)."""
         if mode not in ("live", "demonstrations"):
             raise ValueError(f"dmrl_skill: mode must be 'live' or 'demonstrations', got {mode!r}")
+        if not 0.0 <= invalid_penalty <= 1.0:
+            raise ValueError(
+                f"dmrl_skill: task.options.invalid_penalty must be in [0, 1], got {invalid_penalty}"
+            )
+        if recent_k < 0:
+            raise ValueError(f"dmrl_skill: task.options.recent_k must be >= 0, got {recent_k}")
+        if demo_version != DEMO_VERSION:
+            raise ValueError(
+                f"dmrl_skill: task.options.demo_version={demo_version}: this version writes "
+                f"demonstrations of format {DEMO_VERSION} only"
+            )
+        self.token_margin = int(token_margin)
         self.mode, self.seed = mode, seed
         self.sizes = {"train": train_size, "eval": eval_size}
         self.history, self.lrp_options = history, dict(lrp or {})
         self.lrp_path, self.risk_weights, self.eta = lrp_path, risk_weights or {}, eta
         self.platform = AdPlatform(seed, users_per_arm=users_per_arm)
         # lrp_path, risk_weights and eta are read by the dmrl_lrp reward function
+        self.eval_users = self.platform.eval_users(eval_users)
         self.env = SkillEnv(
             self.platform,
+            agent=make_lower_agent(lower_agent, lm_agent_model),
             first_day=first_day,
+            recent_k=recent_k,
             lrp_path=lrp_path,
             risk_weights=self.risk_weights,
             eta=eta,
             deploy_margin=deploy_margin,
+            invalid_penalty=invalid_penalty,
+            eval_users=self.eval_users,
         )
-        self.env_key = f"dmrl-{id(self)}"
+        # A fresh key per task: id(self) repeats once a task is freed (CPython reuses ids).
+        self.env_key = f"dmrl-{uuid.uuid4().hex}"
         LIVE_ENVIRONMENTS[self.env_key] = self.env
-        self.eval_users = self.platform.eval_users(eval_users)
-        self._values: dict[Any, float] = {}
 
     def rows(self, split: str) -> datasets.Dataset:
         n = self.sizes["train" if split == "train" else "eval"]
@@ -80,12 +134,16 @@ class SkillDocTask(Task):
         for _ in range(n):
             doc = random_document(rng)
             recent = [
-                Outcome(scripted_edit(doc, rng).text(), float(rng.normal(0, 0.01)))
-                for _ in range(int(rng.integers(0, 2)))
+                Outcome(
+                    scripted_edit(doc, rng).text(),
+                    float(rng.normal(0, 0.01)),
+                    tuple(float(x) for x in rng.normal(0, 0.02, 4)),
+                )
+                for _ in range(int(rng.integers(0, self.env.recent_k + 1)))
             ]
             prompts.append(render_prompt(doc, recent))
             docs.append(doc.render())
-            solutions.append(scripted_edit(doc, rng).text())
+            solutions.append(scripted_edit(doc, rng).text() + "\n")
         return datasets.Dataset.from_dict(
             {"prompt": prompts, "env_key": [self.env_key] * n, "doc": docs, "solution": solutions}
         )
@@ -105,15 +163,11 @@ class SkillDocTask(Task):
 
     def value(self, doc: SkillDocument) -> float:
         """True 7-day value per user of the configuration `doc` leads to (eval users)."""
-        params = self.env.agent(doc)
-        key = tuple(params.as_dict().values())
-        if key not in self._values:
-            self._values[key] = self.platform.value(params, self.eval_users)
-        return self._values[key]
+        return self.env.true_value(doc)
 
     def verify(self, completion: str, row: dict[str, Any]) -> float | None:
         doc = self.document_of(row)
-        edit = parse_edit(completion, doc)
+        edit, _ = read_edit(completion, doc)
         if edit is None:
             return None
         return self.value(doc.apply(edit)) / self.value(doc) - 1.0
