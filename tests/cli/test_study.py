@@ -72,9 +72,9 @@ def count_in_process_runs(monkeypatch) -> list[Run]:
     started: list[Run] = []
     real = study.run_in_process
 
-    def counted(run):
+    def counted(run, cli):
         started.append(run)
-        return real(run)
+        return real(run, cli)
 
     monkeypatch.setattr(study, "run_in_process", counted)
     return started

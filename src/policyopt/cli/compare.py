@@ -11,6 +11,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from policyopt.cli.stats import mean_ci
+
 
 def add_compare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="compare methods over seeds: mean and 95%% CI")
@@ -100,6 +102,7 @@ def run_compare(args: argparse.Namespace) -> int:
         workers=args.workers,
         ray_address=args.ray,
         on_done=lambda run, state: console.print(f"{run.cell} seed {run.seed}: {state}"),
+        cli=getattr(args, "cli_main", None),
     )
     cells = list(dict.fromkeys(r.cell for r in runs))
     baseline = args.baseline or cells[0]
@@ -232,18 +235,6 @@ def reach_summary(steps: list[int | None]) -> tuple[float, float] | str:
     if not done:
         return f"not reached (0/{len(steps)})"
     return f"{sum(done) / len(done):.1f} over {len(done)}/{len(steps)} runs; the rest never"
-
-
-def mean_ci(values: list[float]) -> tuple[float, float]:
-    """Mean and half-width of the 95% Student-t confidence interval."""
-    from scipy import stats
-
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, float("nan")
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return mean, float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
 
 
 def metric_keys(runs: dict[str, list[dict[str, Any]]]) -> list[str]:

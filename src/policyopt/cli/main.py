@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_bench(sub)
     data.add_data(sub)
     config_reference.add_config_reference(sub)
+    # The study runner runs its runs through this entry in-process (cli/study.py).
+    parser.set_defaults(cli_main=main)
     return parser
 
 

@@ -124,11 +124,11 @@ def _log_run(run: Run) -> subprocess.CompletedProcess:
         )
 
 
-def run_in_process(run: Run) -> int:
-    """The run's command through the CLI in this process (workers=1)."""
-    from policyopt.cli.main import main
-
-    return main(list(run.args))
+def run_in_process(run: Run, cli: Callable[[list[str]], int]) -> int:
+    """The run's command through the CLI entry `cli` in this process (workers=1). The entry is
+    passed in by the caller (`policyopt compare` hands over `cli.main`): importing it here
+    would close an import cycle main -> compare -> study -> main."""
+    return cli(list(run.args))
 
 
 def execute(
@@ -137,6 +137,7 @@ def execute(
     workers: int = 1,
     ray_address: str | None = None,
     on_done: Callable[[Run, str], None] | None = None,
+    cli: Callable[[list[str]], int] | None = None,
 ) -> dict[str, str]:
     """Run every unfinished run; returns run folder -> "finished earlier", "ran" or
     "failed (exit N)"."""
@@ -156,9 +157,12 @@ def execute(
     if ray_address is not None:
         for run, code in zip(todo, run_on_ray(todo, ray_address), strict=True):
             record(run, code)
-    elif workers <= 1:
+    elif workers <= 1 and cli is not None:
         for run in todo:
-            record(run, run_in_process(run))
+            record(run, run_in_process(run, cli))
+    elif workers <= 1:  # no entry given: one worker process at a time
+        for run in todo:
+            record(run, _log_run(run).returncode)
     else:
         with ThreadPoolExecutor(max_workers=workers) as pool:
             for run, done in zip(todo, pool.map(_log_run, todo), strict=True):

@@ -18,7 +18,7 @@ MECHANISM_EXTRA = ("grad_norm", "response_length/mean")
 
 
 def mean_ci(values: list[float]) -> tuple[float, float]:
-    from policyopt.cli.compare import mean_ci as t_interval
+    from policyopt.cli.stats import mean_ci as t_interval
 
     return t_interval(values)
 

@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from policyopt.cli.commands import recipe_config
 from policyopt.methods.dmrl.edit_cost import EditCost
 from policyopt.methods.dmrl.lrp_io import load_lrp
 from policyopt.methods.dmrl.reward import Scorer
+from policyopt.recipes import recipe_config
 from policyopt.recipes.dmrl_pipeline import cached_lrp
 from policyopt.tasks.adsim.abtest import AdPlatform
 from policyopt.tasks.skilldoc.env import SkillEnv

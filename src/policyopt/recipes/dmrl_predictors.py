@@ -30,7 +30,6 @@ import torch
 from lightgbm import LGBMRegressor
 from sklearn.neural_network import MLPRegressor
 
-from policyopt.cli.commands import recipe_config
 from policyopt.methods.dmrl.lrp_features import MemoryBank, build_bank, build_samples
 from policyopt.methods.dmrl.lrp_train import (
     LRPTrainConfig,
@@ -39,6 +38,7 @@ from policyopt.methods.dmrl.lrp_train import (
     train_lrp,
 )
 from policyopt.methods.dmrl.surrogate import SurrogateIndex
+from policyopt.recipes import recipe_config
 from policyopt.recipes.dmrl_pipeline import PER_DAY, TRAIN_SHARE
 from policyopt.tasks.adsim.abtest import POPS, AdPlatform, Experiment
 from policyopt.tasks.adsim.history import make_history
