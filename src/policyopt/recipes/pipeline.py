@@ -15,6 +15,7 @@ from rich.table import Table
 
 from policyopt import __version__
 from policyopt.models.loading import load_model
+from policyopt.models.threads import apply_num_threads
 from policyopt.models.tiny import cache_dir
 from policyopt.recipes.ranking import ranking_summary
 from policyopt.tasks.base import get_task
@@ -44,6 +45,7 @@ def fine_tune(config: Config, console: Console | None = None) -> tuple[Any, Any,
     model, tok = load_model(
         config.model.name_or_path, dtype=config.model.dtype, device=config.model.device
     )
+    apply_num_threads(config.train.num_threads, model)  # SFT threads as RL's (train.num_threads)
     task = get_task(config.task.name, **config.task.options)
     metrics = run_sft(
         model,

@@ -150,7 +150,11 @@ def generate_and_score(
     completions = decode(tokenizer, rollouts)
     prompts = [texts[i] for i in idx]
     columns = {c: [picked[i][c] for i in idx] for c in picked[0]}
-    result = reward_fn(prompts, completions, columns)
+    ids = [
+        row[:n]
+        for row, n in zip(rollouts.response_ids.tolist(), rollouts.lengths.tolist(), strict=True)
+    ]
+    result = reward_fn(prompts, completions, columns, completion_ids=ids)
     # Declared structure from reward functions (RewardOutput): per rollout, or pairwise.
     pairwise = result.pairwise
     rollouts.add_extras({k: v for k, v in result.structure.items() if k not in pairwise})

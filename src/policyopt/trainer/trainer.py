@@ -23,6 +23,7 @@ from policyopt.core import ADVANTAGES, compute_advantages
 from policyopt.core.structure import check_declared_made, check_produced, gather
 from policyopt.core.tis import DEFAULT_TIS_CAP
 from policyopt.models.lora import apply_lora, disabled_adapter
+from policyopt.models.threads import apply_num_threads
 from policyopt.rewards.functions import RewardPipeline, build_reward_pipeline
 from policyopt.rewards.shaping import SHAPERS, ShapingContext
 from policyopt.rollout.base import ENGINES
@@ -71,8 +72,6 @@ class Trainer:
         self.config = cfg = config
         check_config_structure(cfg)  # before any model is loaded (load_config checks it too)
         self.console = console or Console()
-        if cfg.train.num_threads:
-            torch.set_num_threads(cfg.train.num_threads)
         # Data parallelism under torchrun (trainer.distributed); one process: rank 0 of 1.
         self.dist = setup(cfg.train.parallel, cfg.model.device)
         self.share = share(cfg.rollout.prompts_per_step, self.dist)
@@ -102,6 +101,7 @@ class Trainer:
                 dropout=lora.dropout,
             )
         self.model, self.tokenizer = model, tokenizer
+        self.num_threads = apply_num_threads(cfg.train.num_threads, model)  # "auto": by size
         self.pad_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         )
@@ -350,6 +350,9 @@ class Trainer:
 
     def train_step(self) -> dict[str, float]:
         cfg = self.config
+        # Reward functions see TRL's trainer_state: the optimizer steps done so far.
+        self.reward_fn.trainer_state.global_step = self.step
+        self.reward_fn.trainer_state.max_steps = cfg.train.steps
         t_start = time.perf_counter()
         times = RolloutTimes()
         world = self.dist.world
