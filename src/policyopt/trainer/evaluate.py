@@ -8,13 +8,16 @@ evaluation both count with, so that e.g. DocPO's continuous rewards count as cor
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import datasets
+from rich.console import Console
 
 from policyopt.core import avg_at_k, maj_at_k, pass_at_k
 from policyopt.rollout.base import RolloutEngine, SamplingParams
 from policyopt.tasks.base import Task
+from policyopt.trainer.metrics_log import progress_bar
 from policyopt.trainer.rollout_phase import decode, encode_prompts
 
 
@@ -30,13 +33,34 @@ def evaluate(
     chat: bool = False,
     ks: list[int] | None = None,
     correct_threshold: float,
+    console: Console | None = None,
+    progress: bool = False,
 ) -> dict[str, float]:
     """Greedy accuracy over `rows`; with `samples` = n > 0 also pass@k, avg@n and maj@n.
-    A reward >= `correct_threshold` is correct (module docstring)."""
+    A reward >= `correct_threshold` is correct (module docstring). `progress`: a bar (plain
+    lines off a terminal) of the completions generated so far."""
     picked = [rows[i] for i in range(len(rows))]
     _, ids = encode_prompts(task, tokenizer, picked, chat)
-    greedy = engine.generate(ids, SamplingParams(max_new_tokens=max_new_tokens, greedy=True))
-    texts = decode(tokenizer, greedy)
+    with progress_bar(console, progress, plain=True) as bar:  # may run under train's bar
+        total = len(ids) * (1 + max(samples, 0))
+        bar_id = bar.add_task("eval", total=total, status="greedy")
+        texts = _generate(
+            engine,
+            tokenizer,
+            ids,
+            SamplingParams(max_new_tokens=max_new_tokens, greedy=True),
+            lambda n: bar.update(bar_id, advance=n),
+        )
+        sampled = []
+        if samples > 0:
+            bar.update(bar_id, status=f"{samples} samples per problem")
+            sampled = _generate(
+                engine,
+                tokenizer,
+                [p for p in ids for _ in range(samples)],
+                SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature),
+                lambda n: bar.update(bar_id, advance=n),
+            )
     scores = [task.verify(t, row) or 0.0 for t, row in zip(texts, picked, strict=True)]
     out = {"eval/accuracy": sum(s >= correct_threshold for s in scores) / len(scores)}
     out["eval/reward"] = sum(scores) / len(scores)
@@ -45,9 +69,7 @@ def evaluate(
     out.update(task.eval_metrics(texts, picked))
     if samples <= 0:
         return out
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
-    sampled = engine.generate([p for p in ids for _ in range(samples)], params)
-    texts = decode(tokenizer, sampled)
+    texts = sampled
     ks = ks or [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= samples]
     pass_sums = dict.fromkeys(ks, 0.0)
     avg_sum = maj_sum = 0.0
@@ -64,6 +86,24 @@ def evaluate(
     out[f"eval/avg@{samples}"] = avg_sum / n
     out[f"eval/maj@{samples}"] = maj_sum / n
     return out
+
+
+def _generate(
+    engine: RolloutEngine,
+    tokenizer: Any,
+    ids: list[list[int]],
+    params: SamplingParams,
+    done: Callable[[int], None],
+) -> list[str]:
+    """Decoded completions of `ids`, generated in the engine's own batches (so the results
+    are those of one call) and reported batch by batch to `done`."""
+    step = getattr(engine, "batch_size", None) or len(ids) or 1
+    texts: list[str] = []
+    for start in range(0, len(ids), step):
+        part = ids[start : start + step]
+        texts += decode(tokenizer, engine.generate(part, params))
+        done(len(part))
+    return texts
 
 
 def eval_rows(task: Task, size: int) -> datasets.Dataset:

@@ -518,6 +518,8 @@ class Trainer:
                 temperature=cfg.eval.temperature,
                 chat=cfg.model.chat_template,
                 correct_threshold=cfg.reward.correct_threshold,
+                console=self.console,
+                progress=cfg.train.progress,
             )
 
     def close(self) -> None:
