@@ -33,6 +33,7 @@ import inspect
 import logging
 import math
 import re
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -118,6 +119,11 @@ def load_reward_function(spec: str) -> RewardFunction:
     module_name, _, attribute = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
+    except SyntaxError as error:
+        raise ValueError(
+            f"reward function {spec!r}: module {module_name!r} does not compile: {error.msg} "
+            f"({error.filename} line {error.lineno})"
+        ) from error
     except ImportError as error:
         raise ValueError(
             f"reward function {spec!r}: cannot import module {module_name!r} ({error}); "
@@ -313,10 +319,11 @@ class RewardPipeline:
                     raise RewardFunctionError(
                         f"reward function {name!r} failed on sample {i} "
                         f"(completion {completion[:80]!r}): {sample_error!r}"
+                        f"{_where(sample_error)}"
                     ) from sample_error
             raise RewardFunctionError(
                 f"reward function {name!r} failed on the batch of {len(completions)} "
-                f"(no single sample fails alone): {error!r}"
+                f"(no single sample fails alone): {error!r}{_where(error)}"
             ) from error
         structure = {}
         if isinstance(output, RewardOutput):
@@ -364,6 +371,12 @@ class _Call:
         if self.by_keyword:
             return self.fn(prompts=prompts, completions=completions, **extra, **columns)
         return self.fn(prompts, completions, **extra, **columns)
+
+
+def _where(error: BaseException) -> str:
+    """' at FILE line N' of the innermost frame that raised `error`."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return f" at {frames[-1].filename} line {frames[-1].lineno}" if frames else ""
 
 
 def _kind(value: Any) -> str:

@@ -35,12 +35,15 @@ def evaluate(
     correct_threshold: float,
     console: Console | None = None,
     progress: bool = False,
+    reward_fn: Callable[..., Any] | None = None,
 ) -> dict[str, float]:
     """Greedy accuracy over `rows`; with `samples` = n > 0 also pass@k, avg@n and maj@n.
     A reward >= `correct_threshold` is correct (module docstring). `progress`: a bar (plain
-    lines off a terminal) of the completions generated so far."""
+    lines off a terminal) of the completions generated so far. `reward_fn` (the run's
+    `RewardPipeline`): also `eval/weighted_reward`, the mean of the run's weighted reward
+    on the greedy completions (`eval/reward` is the task's own check alone)."""
     picked = [rows[i] for i in range(len(rows))]
-    _, ids = encode_prompts(task, tokenizer, picked, chat)
+    prompts, ids = encode_prompts(task, tokenizer, picked, chat)
     with progress_bar(console, progress, plain=True) as bar:  # may run under train's bar
         total = len(ids) * (1 + max(samples, 0))
         bar_id = bar.add_task("eval", total=total, status="greedy")
@@ -64,6 +67,10 @@ def evaluate(
     scores = [task.verify(t, row) or 0.0 for t, row in zip(texts, picked, strict=True)]
     out = {"eval/accuracy": sum(s >= correct_threshold for s in scores) / len(scores)}
     out["eval/reward"] = sum(scores) / len(scores)
+    if reward_fn is not None:
+        columns = {c: [row[c] for row in picked] for c in picked[0]}
+        total = reward_fn(prompts, texts, columns).total
+        out["eval/weighted_reward"] = float(total.mean())
     out.update(grouped_scores(task, picked, scores, correct_threshold))
     out.update(style_shares(task, picked, texts))
     out.update(task.eval_metrics(texts, picked))
