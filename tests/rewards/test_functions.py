@@ -336,3 +336,13 @@ def test_task_reward_function_does_not_take_completion_ids_for_a_column():
     task = ArithmeticTask(train_size=1, eval_size=1)
     verify = task_reward_function(task)
     assert verify(["Q"], ["A:3"], answer=["3"], completion_ids=[[1, 2]]) == [1.0]
+
+
+def test_hf_dataset_reward_function_option_takes_a_trl_function(tmp_path):
+    from policyopt.tasks import get_task
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "Say hi", "answer": "hi"}\n')
+    task = get_task("hf_dataset", path=str(data), reward_function=f"{__name__}:reward_len")
+    row = task.rows("train")[0]
+    assert task.verify("x" * 18, row) == -2.0

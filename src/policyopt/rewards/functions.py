@@ -79,6 +79,13 @@ def _keyword_style(fn: Callable[..., Any]) -> tuple[bool, set[str] | None]:
     return by_keyword, None if any_keyword else named
 
 
+def call_reward_function(
+    fn: Callable[..., Any], prompts: list[str], completions: list[str], **columns: Any
+) -> Any:
+    """Call `fn` as the pipeline does (TRL's way, by keyword, when its parameters allow)."""
+    return _Call(fn, *_keyword_style(fn), {})(prompts, completions, **columns)
+
+
 @dataclass
 class RewardOutput:
     """What a reward function may return instead of a plain list: the rewards, and declared
