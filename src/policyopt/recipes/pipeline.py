@@ -113,6 +113,7 @@ def run_pipeline(config: Config, console: Console | None = None) -> dict[str, An
         else:
             initial = _stored_initial(trainer.output_dir)
         (trainer.output_dir / "initial_eval.json").write_text(json.dumps(initial))
+        trainer.logger.log_eval(trainer.step, "eval_before_rl", initial)
         r = config.rollout
         say(
             f"RL: {config.train.steps - trainer.step} steps of {config.algorithm.name}, "
@@ -126,6 +127,7 @@ def run_pipeline(config: Config, console: Console | None = None) -> dict[str, An
         t0 = time.perf_counter()
         final = trainer.evaluate()
         eval_seconds += time.perf_counter() - t0
+        trainer.logger.log_eval(trainer.step, "eval_after_rl", final)
     finally:
         trainer.close()
     summary = {

@@ -81,6 +81,28 @@ class MetricsLogger:
         with self.samples.open("a") as fh:
             for s in samples:
                 fh.write(json.dumps({"step": step, **s}) + "\n")
+        if self._tb is not None and samples:
+            text = "\n\n".join("\n".join(f"**{k}**: `{v}`" for k, v in s.items()) for s in samples)
+            self._tb.add_text("samples", text, step)
+            self._tb.flush()
+
+    def log_eval(self, step: int, tag: str, metrics: dict[str, float]) -> None:
+        """A held-out evaluation outside the step records (before / after RL) to the
+        dashboards as `<tag>/<metric>` (metrics.jsonl keeps one record per step; the
+        pipeline writes these to initial_eval.json and summary.json)."""
+        numeric = {
+            f"{tag}/{k.removeprefix('eval/')}": float(v)
+            for k, v in metrics.items()
+            if isinstance(v, int | float) and math.isfinite(v)
+        }
+        if self._tb is not None:
+            for key, value in numeric.items():
+                self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(numeric, step=step)
+        if self._mlflow is not None:
+            self._mlflow.log_metrics(numeric, step=step)
 
     def close(self) -> None:
         if self._tb is not None:
