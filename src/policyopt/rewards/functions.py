@@ -321,7 +321,7 @@ class RewardPipeline:
             for i, completion in enumerate(completions):
                 row = {key: [vals[i]] for key, vals in columns.items()}
                 try:
-                    fn([prompts[i]], [completion], **row, only=i)
+                    fn([prompts[i]], [completion], **row, _sample=i)
                 except Exception as sample_error:
                     raise RewardFunctionError(
                         f"reward function {name!r} failed on sample {i} "
@@ -368,10 +368,10 @@ class _Call:
     extra: dict[str, Any]
 
     def __call__(
-        self, prompts: list[str], completions: list[str], only: int | None = None, **columns: Any
+        self, prompts: list[str], completions: list[str], _sample: int | None = None, **columns: Any
     ) -> Any:
         extra = {
-            k: v if only is None or k != "completion_ids" else [v[only]]
+            k: v if _sample is None or k != "completion_ids" else [v[_sample]]
             for k, v in self.extra.items()
             if self.accepts is None or k in self.accepts
         }
