@@ -1,10 +1,10 @@
 """How many intra-op threads torch uses: `train.num_threads`, "auto" by default.
 
-"auto" is one thread for a model under `SMALL_MODEL_PARAMETERS` parameters (the embedded
-1.1 M-parameter Llama), whose matrices are too small to split; for larger models, the
-cores this process may run on (`os.sched_getaffinity`, which respects `taskset`, cgroup
-cpusets and Slurm's binding). A number is used as given; 0 leaves torch's own default (one
-thread per core).
+"auto" is the cores this process may run on (`os.sched_getaffinity`, which respects
+`taskset`, cgroup cpusets and Slurm's binding), at most `SMALL_MODEL_THREADS` (2) for a
+model under `SMALL_MODEL_PARAMETERS` parameters (the embedded 1.1 M-parameter Llama), whose
+matrices are too small to split further. A number is used as given; 0 leaves torch's own
+default (one thread per core).
 
 Chosen by measurement (docs/results.md, "Threads and load (issue 22)", 2 cores): with
 torch's default OpenMP wait (libgomp spins 300,000 times before sleeping), two threads on
@@ -12,11 +12,11 @@ cores shared with one or two other CPU-bound jobs made SFT, sampling and the upd
 slower than one thread, because idle threads spin and fight the other jobs for the cores.
 `policyopt` therefore shortens the spin to `GOMP_SPINCOUNT=1000` (set in
 `policyopt/__init__.py` before torch starts its threads, unless the user chose a wait
-policy). With it, SmolLM2-135M is fastest on two threads quiet and with one competing job
-and no more than 2x slower than one thread with two; `OMP_WAIT_POLICY=PASSIVE` (no spin)
-was as robust but made SmolLM2's sampling 1.6x slower on a quiet machine. The embedded
-model gains at most 10-15% from a second thread on a quiet machine (SFT, update) and loses
-as much in sampling, and loses up to 2x under load: one thread.
+policy). With it, two threads are as fast as one with one competing job and at most 2x
+slower (sampling) with two, and faster on a quiet machine: SmolLM2's SFT 1.6x, the embedded
+model's SFT (the bulk of the quickstart) 1.75x end to end (0.42 s per step on one thread,
+0.24 on two). `OMP_WAIT_POLICY=PASSIVE` (no spin) was as robust but made SmolLM2's sampling
+1.6x slower on a quiet machine.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import os
 import torch
 
 SMALL_MODEL_PARAMETERS = 10_000_000
-SMALL_MODEL_THREADS = 1
+SMALL_MODEL_THREADS = 2
 
 
 def available_cores() -> int:

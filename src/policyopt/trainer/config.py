@@ -211,8 +211,8 @@ class TrainConfig(Section):
     resume_anyway: bool = False
     log_every: int = Field(1, ge=1)
     loggers: list[Literal["jsonl", "tensorboard", "wandb", "mlflow"]] = ["jsonl", "tensorboard"]
-    # Torch intra-op threads for SFT, sampling, the update and evaluation: "auto" = one for a
-    # model under 10 M parameters, else the cores this process may run on
+    # Torch intra-op threads for SFT, sampling, the update and evaluation: "auto" = the cores
+    # this process may run on, at most 2 for a model under 10 M parameters
     # (policyopt.models.threads; measured in docs/results.md); 0 = torch's own default.
     num_threads: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
     # Data parallelism under torchrun (docs/guides/distributed.md): "auto" is ddp when
