@@ -11,7 +11,10 @@ just above a block says how to run it (none: the default for its language):
   is required.
 
 Defaults: `python` blocks run in order in one namespace per document; `bash` blocks run
-each line with `policyopt` as `python -m policyopt.cli.main` (the same interpreter); `pip
+each line with `policyopt` as the console script runs it (`policyopt.cli.main:main`, the
+working folder not on `sys.path`, the repository's `src` standing in for the installed
+package and nothing else on `PYTHONPATH`, output to a file, not a terminal), as a user
+runs it; `pip
 install` lines are skipped (CI runs the install itself); a `yaml` block without a `file`
 directive must load as a config. Each document runs in its own temporary folder holding a
 link to the repository's `examples/`, in document order (a block may use what an earlier
@@ -99,14 +102,23 @@ def run_bash(block: Block, work: Path, env: dict[str, str]) -> None:
         if not words or words[:2] == ["pip", "install"] or "pip install" in raw:
             continue
         if words[0] == "policyopt":
-            words = [sys.executable, "-m", "policyopt.cli.main", *words[1:], *small]
+            words = [sys.executable, "-c", CONSOLE_SCRIPT, *words[1:], *small]
         elif words[0] == "python":
             words[0] = sys.executable
-        done = subprocess.run(words, cwd=work, env=env, capture_output=True, text=True)
+        log = work / "output.log"
+        with log.open("w") as fh:
+            done = subprocess.run(words, cwd=work, env=env, stdout=fh, stderr=subprocess.STDOUT)
         assert done.returncode == 0, (
-            f"{block.id}: `{raw}` exited {done.returncode}\n{done.stdout[-3000:]}"
-            f"\n{done.stderr[-3000:]}"
+            f"{block.id}: `{raw}` exited {done.returncode}\n{log.read_text()[-6000:]}"
         )
+
+
+# What the `policyopt` console script does: `main()` with sys.path as an installed entry
+# point has it (no working folder; `python -c` would put it first).
+CONSOLE_SCRIPT = (
+    "import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
+    "from policyopt.cli.main import main; sys.exit(main())"
+)
 
 
 def _logical_lines(text: str) -> list[str]:
@@ -129,7 +141,7 @@ def test_doc_block_runs(
         assert block.argument, f"{block.id}: a skipped block must say why"
         pytest.skip(f"{block.id}: {block.argument}")
     work = workdir_for(block, workdirs, tmp_path_factory)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(work)])}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}  # the package, not the folder
     env["POLICYOPT_CACHE"] = os.environ.get("POLICYOPT_CACHE", str(work / ".cache"))
     if block.directive == "file":
         path = work / block.argument

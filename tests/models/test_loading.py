@@ -96,3 +96,22 @@ def test_smollm2_from_gguf(tmp_path) -> None:
         model.state_dict().items(), again.state_dict().items(), strict=True
     ):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+
+
+def test_mistyped_local_path_is_not_taken_for_a_hub_name(tmp_path, monkeypatch) -> None:
+    """The README's eval path with a wrong step: a local path (its first folder exists, or
+    it has more than one '/'), refused at once with what exists there, no Hub retries."""
+    run = tmp_path / "runs" / "mine" / "checkpoints"
+    (run / "step-00000050").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    start = time.perf_counter()
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"model path 'runs/mine/checkpoints/step-00000001/merged' does not exist.*runs/mine/checkpoints.*step-00000050",
+    ):
+        load_model("runs/mine/checkpoints/step-00000001/merged")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_model("a/b/c")  # a Hub id has at most one '/'
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_model("runs/other")  # 'runs' is a local folder
+    assert time.perf_counter() - start < 5

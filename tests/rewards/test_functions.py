@@ -105,14 +105,14 @@ def test_pipeline_passes_columns_as_keyword_lists():
         seen.update(prompts=prompts, completions=completions, **columns)
         return [0.0] * len(completions)
 
-    RewardPipeline([("spy", spy, 1.0)])(
-        ["p1", "p2"], ["c1", "c2"], {"answer": ["1", "2"], "level": [1, 3]}
-    )
+    pipeline = RewardPipeline([("spy", spy, 1.0)])
+    pipeline(["p1", "p2"], ["c1", "c2"], {"answer": ["1", "2"], "level": [1, 3]})
     assert seen == {
         "prompts": ["p1", "p2"],
         "completions": ["c1", "c2"],
         "answer": ["1", "2"],
         "level": [1, 3],
+        "trainer_state": pipeline.trainer_state,  # as TRL passes it
     }
 
 
@@ -127,6 +127,7 @@ def test_exception_names_function_sample_and_completion():
     message = str(caught.value)
     assert "'fragile'" in message and "sample 2" in message
     assert repr(long[:80]) in message and long[:81] not in message
+    assert f"at {__file__} line 126" in message  # where the function raised
     assert isinstance(caught.value.__cause__, ZeroDivisionError)
 
 
@@ -147,8 +148,13 @@ def test_batch_only_failure_is_reported_as_such():
     ("values", "message"),
     [
         ([1.0], "returned 1 values for 2 completions"),
-        ([1.0, "yes"], r"returned 'yes' for sample 1: not a number or None"),
-        ([math.nan, 1.0], "returned nan for sample 0"),
+        ([1.0, "yes"], r"returned 'yes' for sample 1: a string, not a number or None"),
+        ([1.0, [0.5]], r"returned \[0.5\] for sample 1: not a number or None"),
+        # A number written as a string is a bug in the function, not a reward: refused.
+        ([1.0, "0.5"], r"returned '0.5' for sample 1: a string, not a number or None"),
+        ([math.inf, 1.0], "returned inf for sample 0"),
+        ((1.0 for _ in range(2)), "returned a generator, not a list"),
+        (None, "returned None, not a list"),
     ],
 )
 def test_bad_return_values(values, message):
@@ -273,3 +279,65 @@ def test_reward_output_structure_must_be_declared_and_shaped():
 
     with pytest.raises(RewardFunctionError, match="'b' produces \\['x'\\].*already produced"):
         RewardPipeline([("a", makes_x, 1.0), ("b", makes_x, 1.0)])(["p"], ["a"], {})
+
+
+def reward_len(completions, **kwargs):
+    """TRL's documented example: completions by keyword, everything else in kwargs."""
+    return [-abs(20 - len(c)) for c in completions]
+
+
+def test_trl_reward_function_gets_keywords_ids_and_trainer_state():
+    """TRL calls reward_func(prompts=..., completions=..., completion_ids=..., trainer_state=...,
+    **columns): a TRL function, by keyword, and one that reads every argument, both work."""
+    seen = {}
+
+    def reads_all(prompts, completions, completion_ids, trainer_state, answer, **kwargs):
+        seen.update(
+            prompts=prompts, ids=completion_ids, step=trainer_state.global_step, answer=answer
+        )
+        return [float(len(i)) for i in completion_ids]
+
+    pipeline = RewardPipeline([("len", reward_len, 1.0), ("all", reads_all, 0.5)])
+    pipeline.trainer_state.global_step = 7
+    result = pipeline(
+        ["P1", "P2"], ["a" * 18, "b" * 25], {"answer": ["1", "2"]}, completion_ids=[[5, 6], [7]]
+    )
+    # len: -2, -5; all: 2, 1 -> -2 + 1 = -1, -5 + 0.5 = -4.5
+    torch.testing.assert_close(result.total, torch.tensor([-1.0, -4.5]))
+    assert seen == {"prompts": ["P1", "P2"], "ids": [[5, 6], [7]], "step": 7, "answer": ["1", "2"]}
+
+
+def test_positional_reward_function_with_other_names_still_works():
+    pipeline = RewardPipeline([("pos", lambda p, c, **k: [float(len(x)) for x in c], 1.0)])
+    torch.testing.assert_close(pipeline(["p"], ["abc"], {}).total, torch.tensor([3.0]))
+
+
+def test_nan_is_skipped_like_none():
+    """TRL turns None into NaN and sums with nansum: NaN and None are both 'no reward',
+    scored 0 in the total and counted as unparseable."""
+    pipeline = RewardPipeline(
+        [
+            ("f", lambda p, c, **k: [math.nan, None, 1.0], 1.0),
+            ("g", lambda p, c, **k: [1, 1, 1], 2.0),
+        ]
+    )
+    result = pipeline(["p"] * 3, ["a", "b", "c"], {})
+    torch.testing.assert_close(result.total, torch.tensor([2.0, 2.0, 3.0]))
+    assert result.unparseable == {"f": 2, "g": 0}
+    assert result.raw["f"] == [None, None, 1.0]
+
+
+def test_task_reward_function_does_not_take_completion_ids_for_a_column():
+    task = ArithmeticTask(train_size=1, eval_size=1)
+    verify = task_reward_function(task)
+    assert verify(["Q"], ["A:3"], answer=["3"], completion_ids=[[1, 2]]) == [1.0]
+
+
+def test_hf_dataset_reward_function_option_takes_a_trl_function(tmp_path):
+    from policyopt.tasks import get_task
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "Say hi", "answer": "hi"}\n')
+    task = get_task("hf_dataset", path=str(data), reward_function=f"{__name__}:reward_len")
+    row = task.rows("train")[0]
+    assert task.verify("x" * 18, row) == -2.0

@@ -129,7 +129,7 @@ def test_response_shape_medians_and_distinct_correct_answers() -> None:
         truncated=torch.zeros(n, dtype=torch.bool),
         generated_tokens=75,
     )
-    out = response_shape(rollouts, {"window": 4})
+    out = response_shape([rollouts], {"window": 4})
     assert out["eval/response_tokens_median"] == 25.0
     ids = build_segments(entropy, mask, window=4)
     counts = sorted(int(ids[i, :length].max()) + 1 for i, length in enumerate((40, 10, 25)))

@@ -27,6 +27,18 @@ whose cost depends on correct rollouts (GAR) need a trained start: the report's
 `fraction_correct` says how many rollouts passed the verifier. The task is the config's
 default (the embedded arithmetic task, as in the recipes) unless an override sets it.
 
+`--background-load N` runs the same bench a second time with N competing CPU-bound
+processes (`policyopt.cli.background_load`: a torch matmul loop on `--load-threads`
+threads each, torch's default spinning OpenMP pool) that the bench starts and stops itself
+(also on an error or Ctrl-C); the report holds the quiet run and, under `background_load`,
+the loaded one beside it, with the ratios to TRL of both.
+
+`--ci-width W` (without `--against`): instead of `--steps` rounds, rounds are repeated until
+every arm's 95% interval of its mean paired ratio to the first arm is at most W wide (e.g.
+0.03 for a 3% overhead target), after at least `--steps` and at most `--max-rounds`
+rounds; `ratio_interval_to_<first>` reports each interval, its rounds and whether it got
+narrow enough (`converged`).
+
 Data parallel: run it under torchrun with arms that set `train.parallel`, e.g.
 `torchrun --nproc-per-node 2 -m policyopt.cli.main bench --algos grpo+train.parallel=fsdp2`;
 `--prompts` is then the global prompts per step. The report's `per_rank` lists, for every
@@ -72,6 +84,26 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         help="start model: 'tiny' (untrained) or a name/path load_model accepts, e.g. an SFT "
         "checkpoint folder (policyopt sft --output-dir DIR, ~/.cache/policyopt/sft/<key>)",
     )
+    p.add_argument(
+        "--background-load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run the bench with N competing CPU-bound processes, started and stopped by "
+        "the bench, and report it beside the quiet run (default: 0, quiet only)",
+    )
+    p.add_argument(
+        "--load-threads", type=int, default=2, help="threads of each competing process (2)"
+    )
+    p.add_argument(
+        "--ci-width",
+        type=float,
+        default=None,
+        metavar="W",
+        help="repeat rounds until each arm's 95%% interval of its paired ratio to the first "
+        "arm is at most W wide (e.g. 0.03), --steps at least, --max-rounds at most",
+    )
+    p.add_argument("--max-rounds", type=int, default=60, help="cap for --ci-width (60)")
     p.add_argument("--memory", action="store_true", help="also measure the chunked LM-head memory")
     p.add_argument("--json-out", default=None)
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="applied to every method")
@@ -193,16 +225,50 @@ def rank_memory(trainer: Any) -> list[dict[str, float]]:
 
 
 def time_policyopt(
-    algos: list[str], settings: dict[str, Any], steps: int, overrides: list[str]
+    algos: list[str],
+    settings: dict[str, Any],
+    steps: int,
+    overrides: list[str],
+    ci_width: float | None = None,
+    max_rounds: int = 60,
 ) -> dict[str, dict[str, Any]]:
-    """Per method: median step time and the rest of `summarize`, steps interleaved."""
-    arms = PolicyoptArms(algos, settings, steps, overrides)
+    """Per method: median step time and the rest of `summarize`, steps interleaved; with
+    `ci_width`, rounds repeated until the paired ratios' 95% intervals are that narrow
+    (`bench_stats.repeat_until_narrow`), the intervals under "interval"."""
+    from policyopt.cli.bench_stats import repeat_until_narrow
+
+    rounds = max_rounds if ci_width is not None else steps
+    arms = PolicyoptArms(algos, settings, rounds, overrides)
     try:
-        for round_ in range(steps + 1):
-            arms.run_round(round_)
-        return arms.results()
+        arms.run_round(0)  # warm-up, not measured
+        if ci_width is None:
+            for round_ in range(1, steps + 1):
+                arms.run_round(round_)
+            return arms.results()
+        intervals = repeat_until_narrow(
+            lambda i: arms.run_round(i + 1),
+            lambda: paired_ratios(arms.records),
+            width=ci_width,
+            min_rounds=max(2, steps),
+            max_rounds=max_rounds,
+        )
+        results = arms.results()
+        for algo, interval in intervals.items():
+            results[algo]["interval"] = interval
+        return results
     finally:
         arms.close()
+
+
+def paired_ratios(records: dict[str, list[dict[str, float]]]) -> dict[str, list[float]]:
+    """Per arm after the first: its step time over the first arm's, round by round
+    (the warm-up round left out)."""
+    first, *others = records
+    base = [r["time/step"] for r in records[first][1:]]
+    return {
+        algo: [r["time/step"] / b for r, b in zip(records[algo][1:], base, strict=True)]
+        for algo in others
+    }
 
 
 def time_with_trl(
@@ -253,17 +319,58 @@ def summarize(records: list[dict[str, float]]) -> dict[str, Any]:
 def run_bench(args: argparse.Namespace) -> int:
     # Under torchrun (arms with train.parallel=ddp|fsdp2) every rank runs the arms; rank 0
     # reports, step times being the slowest rank's.
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    from policyopt.cli.background_load import BackgroundLoad
+
     console = Console(quiet=int(os.environ.get("RANK", "0")) > 0)
+    if args.ci_width is not None and args.against == "trl":
+        raise ValueError(
+            "bench: --ci-width repeats policyopt rounds; it cannot be used with "
+            "--against trl (TRL's steps are fixed when its trainer starts)"
+        )
+    if args.background_load < 0:
+        raise ValueError(f"bench: --background-load {args.background_load}; give 0 or more")
     settings = bench_settings(args)
     algos = list(dict.fromkeys(a.strip() for a in args.algos.split(",") if a.strip()))
     console.print(f"timing {', '.join(algos)} (interleaved) from {args.model} ...")
+    report = bench_report(args, algos, settings, console)
+    if args.background_load:
+        console.print(
+            f"again with {args.background_load} competing CPU-bound processes "
+            f"({args.load_threads} threads each) ..."
+        )
+        with BackgroundLoad(args.background_load, threads=args.load_threads):
+            loaded = bench_report(args, algos, settings, console)
+        report["background_load"] = {
+            "processes": args.background_load,
+            "threads_each": args.load_threads,
+            **loaded,
+        }
+    if args.memory:
+        from policyopt.models.memory_bench import head_memory_benchmark
+
+        report["lm_head_memory"] = head_memory_benchmark()
+    text = json.dumps(report, indent=2)
+    if int(os.environ.get("RANK", "0")) > 0:
+        return 0
+    if args.json_out:
+        Path(args.json_out).write_text(text)
+    console.print_json(text)
+    return 0
+
+
+def bench_report(
+    args: argparse.Namespace, algos: list[str], settings: dict[str, Any], console: Console
+) -> dict[str, Any]:
+    """One bench of `algos` (and TRL with `--against trl`): times, ratios, memory."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     results: dict[str, dict[str, Any]]
     if args.against == "trl":
         console.print("with TRL's GRPOTrainer interleaved ...")
         results = time_with_trl(algos, settings, args.steps, args.overrides)
     else:
-        results = time_policyopt(algos, settings, args.steps, args.overrides)
+        results = time_policyopt(
+            algos, settings, args.steps, args.overrides, args.ci_width, args.max_rounds
+        )
     report: dict[str, Any] = {
         "step_time_s": {k: v["step_time_s"] for k, v in results.items()},
         "cpu_time_s": {k: v["cpu_time_s"] for k, v in results.items() if "cpu_time_s" in v},
@@ -325,14 +432,8 @@ def run_bench(args: argparse.Namespace) -> int:
             )
             for k, v in results.items()
         }
-    if args.memory:
-        from policyopt.models.memory_bench import head_memory_benchmark
-
-        report["lm_head_memory"] = head_memory_benchmark()
-    text = json.dumps(report, indent=2)
-    if int(os.environ.get("RANK", "0")) > 0:
-        return 0
-    if args.json_out:
-        Path(args.json_out).write_text(text)
-    console.print_json(text)
-    return 0
+    intervals = {k: v["interval"] for k, v in results.items() if "interval" in v}
+    if intervals:
+        report["ratio_interval_to_" + base] = intervals
+    report["settings"]["measured_steps"] = len(next(iter(results.values()))["step_times_s"])
+    return report

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -138,30 +139,80 @@ def add_train(sub: argparse._SubParsersAction) -> None:
         help="YAML config (may start from a recipe with `base:`) or a shipped recipe name; "
         "omitted: defaults",
     )
+    p.add_argument("--output-dir", default=None, help="run folder (train.output_dir)")
     add_config_arguments(p)
     p.set_defaults(func=run_train)
+
+
+def cannot_learn_warning(config: Config) -> str | None:
+    """A warning for a setup that starts RL where it cannot learn: the embedded model is
+    untrained (random weights) and `train` does no SFT."""
+    if config.model.name_or_path == "tiny" and config.task.name not in RANDOM_START_TASKS:
+        return (
+            "warning: model 'tiny' is the embedded model, untrained (random weights); RL from "
+            "it earns almost no reward. Warm start it first: `policyopt quickstart CONFIG` "
+            "runs SFT then RL, or `policyopt sft --config CONFIG --output-dir sft-model` and "
+            "then train with model.name_or_path=sft-model (SFT needs the task's expert "
+            "solutions: task.options.solution_column for an hf_dataset)."
+        )
+    return None
+
+
+# Tasks whose policy is meant to start at random (ranking policies, the DMRL editor).
+RANDOM_START_TASKS = ("ltr_synthetic", "mslr", "rerank", "dmrl_skill")
 
 
 def run_train(args: argparse.Namespace) -> int:
     from policyopt.trainer.trainer import Trainer
 
-    config = file_config(*split_positional(args.config, args.overrides, None))
+    overrides = list(args.overrides)
+    if args.output_dir is not None:
+        overrides.append(f"train.output_dir={args.output_dir}")
+    config = file_config(*split_positional(args.config, overrides, None))
     if args.print_config:
         print(dump_config(config))
         return 0
+    warning = cannot_learn_warning(config)
+    if warning:
+        Console(stderr=True).print(warning, markup=False, highlight=False)
     trainer = Trainer(config)
     try:
         metrics = trainer.train()
     finally:
         trainer.close()
     if trainer.dist.is_main:
-        print(json.dumps({k: v for k, v in metrics.items() if not k.startswith("time/")}))
+        print(train_summary(trainer, metrics))
     return 0
+
+
+def train_summary(trainer: Any, metrics: dict[str, float]) -> str:
+    """What a finished `train` says: steps, the last step's reward and accuracy, where the
+    checkpoint and logs are, and how to evaluate it."""
+    from policyopt.trainer.checkpoint import latest_checkpoint
+
+    out = trainer.output_dir
+    ckpt = latest_checkpoint(out)
+    lines = [f"trained {trainer.step} steps of {trainer.config.algorithm.name}"]
+    if "reward/total/mean" in metrics:
+        lines[0] += f"; last step: mean reward {metrics['reward/total/mean']:.3f}"
+        if "accuracy" in metrics:
+            lines[0] += f", accuracy {metrics['accuracy']:.3f}"
+    if ckpt is not None:
+        model = ckpt / "merged" if (ckpt / "merged").is_dir() else ckpt
+        lines.append(f"checkpoint: {model}")
+        lines.append(f"evaluate it: policyopt eval --model {out}")
+    lines.append(f"metrics: {out / 'metrics.jsonl'}; config: {out / 'config.yaml'}")
+    return "\n".join(lines)
 
 
 def add_eval(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="held-out greedy accuracy and pass@k of a model")
-    p.add_argument("--model", required=True, help="model path or name (a checkpoint folder works)")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="a model name or path; a run folder (its latest complete checkpoint) or a "
+        "checkpoint folder, evaluated on its own run's config unless --config is given",
+    )
     p.add_argument("--config", default=None, help="YAML config for the task and sampling")
     p.add_argument("--samples", type=int, default=None, help="samples per problem for pass@k")
     p.add_argument("--json-out", default=None)
@@ -169,19 +220,59 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_eval)
 
 
+def resolve_eval_model(name: str) -> tuple[str, Path | None]:
+    """(what to load, the config of the run that trained it or None) for `eval --model`: a
+    run folder means its latest complete checkpoint; a checkpoint with merged LoRA weights
+    means those."""
+    from policyopt.trainer.checkpoint import (
+        CONFIG_FILE,
+        incomplete_checkpoints,
+        latest_checkpoint,
+    )
+
+    path = Path(name).expanduser()
+    if (path / "checkpoints").is_dir():
+        found = latest_checkpoint(path)
+        if found is None:
+            broken = [p.name for p in incomplete_checkpoints(path)]
+            raise FileNotFoundError(
+                f"run folder {name!r} has no complete checkpoint"
+                + (f" (incomplete: {', '.join(broken)})" if broken else "")
+            )
+        path = found
+    if not path.is_dir():
+        return name, None
+    model = path / "merged" if (path / "merged").is_dir() else path
+    for candidate in (path / CONFIG_FILE, path.parent / CONFIG_FILE):
+        if candidate.is_file():
+            return str(model), candidate
+    return str(model), None
+
+
 def run_eval(args: argparse.Namespace) -> int:
     from policyopt.models.loading import load_model
+    from policyopt.models.threads import apply_num_threads
+    from policyopt.rewards.functions import build_reward_pipeline
     from policyopt.rollout.base import ENGINES
     from policyopt.tasks.base import get_task
     from policyopt.trainer.evaluate import eval_rows, evaluate
 
-    config = file_config(args.config, [*args.overrides, f"model.name_or_path={args.model}"])
+    model_path, run_config = resolve_eval_model(args.model)
+    config_path = args.config
+    console = Console(stderr=True)
+    if config_path is None and run_config is not None:
+        config_path = str(run_config)
+        console.print(f"task, rewards and sampling from the run's config {run_config}")
+    config = file_config(config_path, [*args.overrides, f"model.name_or_path={model_path}"])
     if args.print_config:
         print(dump_config(config))
         return 0
     model, tok = load_model(config.model.name_or_path, dtype=config.model.dtype)
+    apply_num_threads(config.train.num_threads, model)
     task = get_task(config.task.name, **config.task.options)
     engine = ENGINES.get(config.rollout.engine)(model, tok, batch_size=config.rollout.batch_size)
+    rewards = build_reward_pipeline([(f.name, f.weight) for f in config.reward.functions], task)
+    console.print(f"evaluating {model_path} on {config.task.name} ...")
     result = evaluate(
         task=task,
         rows=eval_rows(task, config.eval.size),
@@ -192,7 +283,11 @@ def run_eval(args: argparse.Namespace) -> int:
         temperature=config.eval.temperature,
         chat=config.model.chat_template,
         correct_threshold=config.reward.correct_threshold,
+        console=console,
+        progress=config.train.progress,
+        reward_fn=rewards,
     )
+    rewards.close()
     text = json.dumps(result, indent=2)
     if args.json_out:
         Path(args.json_out).write_text(text)

@@ -6,8 +6,9 @@ import argparse
 import os
 import sys
 
+# Nothing heavy at import time (torch, transformers): `policyopt --help` and config
+# errors come back in a fraction of a second; each command imports what it needs.
 from policyopt.trainer.config import ConfigError
-from policyopt.trainer.update import NonFiniteUpdateError
 
 USER_ERRORS = (
     ConfigError,
@@ -17,13 +18,16 @@ USER_ERRORS = (
     IsADirectoryError,
     NotADirectoryError,
     PermissionError,
+    ImportError,  # a missing optional package: the message says what to install
+    SyntaxError,  # in a user's reward module (its file and line are in the message)
 )
 
 
 def main(argv: list[str] | None = None) -> int:
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # our own progress bars say what is happening
+    # As `python -m` and `python -c` do: modules in the working folder (a reward module
+    # `my_rewards.py` beside the config) import by name.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     parser = build_parser()
     # KEY=VALUE overrides may follow options (argparse would not resume a positional there).
     args, unknown = parser.parse_known_args(argv)
@@ -35,21 +39,31 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 1
+    if args.command not in ("config-reference",):
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # our own progress bars say what is happening
     try:
         return int(args.func(args) or 0)
-    except USER_ERRORS as err:
-        # A user's mistake (a config, a path, a value): the message says what and where; a
-        # traceback would only bury it. POLICYOPT_TRACEBACK=1 shows it anyway.
+    except Exception as err:
+        from policyopt.rewards.functions import RewardFunctionError
+        from policyopt.trainer.update import NonFiniteUpdateError
+
+        # A user's mistake (a config, a path, a value, a reward function): the message says
+        # what and where, in one paragraph; a traceback would only bury it.
+        # POLICYOPT_TRACEBACK=1 shows it anyway.
         if os.environ.get("POLICYOPT_TRACEBACK"):
+            raise
+        if isinstance(err, NonFiniteUpdateError):
+            print(f"policyopt {args.command}: {err}", file=sys.stderr)
+            return 1
+        if not isinstance(err, (*USER_ERRORS, RewardFunctionError)):
             raise
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        if isinstance(err, SyntaxError):
+            message = f"{err.msg} in {err.filename} line {err.lineno}"
         print(f"policyopt {args.command}: error: {message}", file=sys.stderr)
         return 2
-    except NonFiniteUpdateError as err:
-        if os.environ.get("POLICYOPT_TRACEBACK"):
-            raise
-        print(f"policyopt {args.command}: {err}", file=sys.stderr)
-        return 1
 
 
 def build_parser() -> argparse.ArgumentParser:

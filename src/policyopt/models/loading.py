@@ -14,6 +14,7 @@ left, the layout generation and `response_logprobs` expect.
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +63,31 @@ def _resolve(name_or_path: str) -> tuple[str, dict[str, Any]]:
         if not gguf.is_file():
             raise FileNotFoundError(f"GGUF model file {name_or_path!r} does not exist")
         return str(gguf.parent), {"gguf_file": gguf.name}
-    if name_or_path.startswith(("/", ".", "~")) and not Path(name_or_path).expanduser().exists():
-        # A path, not a hub name: say so rather than let the hub reject it as a repo id.
-        raise FileNotFoundError(f"model path {name_or_path!r} does not exist")
+    if looks_local(name_or_path) and not Path(name_or_path).expanduser().exists():
+        # A path, not a hub name: say so at once rather than let the Hub retry it as a repo
+        # id for a minute and then blame the internet connection.
+        raise FileNotFoundError(
+            f"model path {name_or_path!r} does not exist{nearest_existing(name_or_path)}"
+        )
     return name_or_path, {}
+
+
+def looks_local(name: str) -> bool:
+    """A local path rather than a Hub id (`name` or `org/name`): it starts with / . ~, has
+    more than one '/', uses the OS separator, or its first folder exists here."""
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name:
+        return True
+    return "/" in name and Path(name.split("/", 1)[0]).is_dir()
+
+
+def nearest_existing(name: str) -> str:
+    """'; <deepest existing folder> holds: a, b, ...' to show what was probably meant."""
+    path = Path(name).expanduser()
+    for parent in path.parents:
+        if parent != Path(".") and parent.is_dir():
+            entries = sorted(p.name for p in parent.iterdir())[:12]
+            return f"; {parent} holds: {', '.join(entries) or '(nothing)'}"
+    return ""
 
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:

@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 from rich.console import Console
 from transformers import AutoTokenizer
 
@@ -39,6 +38,7 @@ from policyopt.methods.dmrl.lrp_train import (
     train_lrp,
 )
 from policyopt.methods.dmrl.surrogate import SurrogateIndex
+from policyopt.models.threads import apply_num_threads
 from policyopt.models.tiny import build_char_tokenizer, cache_dir
 from policyopt.recipes.pipeline import warm_started_policy
 from policyopt.tasks.adsim.abtest import AdPlatform
@@ -139,8 +139,8 @@ def _tokenizer_for(config: Config) -> Any:
 def run_dmrl_pipeline(config: Config, console: Console | None = None) -> dict[str, Any]:
     console = console or Console()
     start = time.perf_counter()
-    if config.train.num_threads:  # before SFT too (the Trainer sets it only for RL)
-        torch.set_num_threads(config.train.num_threads)
+    # Before SFT too; "auto" for the DMRL editor's small model (policyopt.models.threads).
+    apply_num_threads(config.train.num_threads, None)
     out = Path(config.train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     options = dict(config.task.options)

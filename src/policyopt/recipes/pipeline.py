@@ -15,6 +15,7 @@ from rich.table import Table
 
 from policyopt import __version__
 from policyopt.models.loading import load_model
+from policyopt.models.threads import apply_num_threads
 from policyopt.models.tiny import cache_dir
 from policyopt.recipes.ranking import ranking_summary
 from policyopt.tasks.base import get_task
@@ -44,6 +45,7 @@ def fine_tune(config: Config, console: Console | None = None) -> tuple[Any, Any,
     model, tok = load_model(
         config.model.name_or_path, dtype=config.model.dtype, device=config.model.device
     )
+    apply_num_threads(config.train.num_threads, model)  # SFT threads as RL's (train.num_threads)
     task = get_task(config.task.name, **config.task.options)
     metrics = run_sft(
         model,
@@ -92,15 +94,40 @@ def run_pipeline(config: Config, console: Console | None = None) -> dict[str, An
     """SFT (cached) -> evaluate -> RL -> evaluate; writes summary.json in the output dir."""
     console = console or Console()
     start = time.perf_counter()
+    say = phase_printer(console)
+    if config.sft.steps:
+        say(
+            f"SFT warm start of {config.model.name_or_path}: up to {config.sft.steps} steps of "
+            f"{config.sft.batch_size} expert solutions (cached after the first run)"
+        )
     model, tok, sft_metrics = warm_started_policy(config, console)
+    t_sft = time.perf_counter() - start
     trainer = Trainer(config, model=model, tokenizer=tok, console=console)
+    eval_seconds = 0.0
     try:
-        initial = trainer.evaluate() if trainer.step == 0 else _stored_initial(trainer.output_dir)
+        if trainer.step == 0:
+            say(f"held-out evaluation before RL: {len(trainer.eval_rows)} problems, greedy")
+            t0 = time.perf_counter()
+            initial = trainer.evaluate()
+            eval_seconds += time.perf_counter() - t0
+        else:
+            initial = _stored_initial(trainer.output_dir)
         (trainer.output_dir / "initial_eval.json").write_text(json.dumps(initial))
+        trainer.logger.log_eval(trainer.step, "eval_before_rl", initial)
+        r = config.rollout
+        say(
+            f"RL: {config.train.steps - trainer.step} steps of {config.algorithm.name}, "
+            f"{r.prompts_per_step} prompts x {r.group_size} samples of up to "
+            f"{r.max_new_tokens} tokens per step, {trainer.num_threads} thread(s)"
+        )
         t_rl = time.perf_counter()
         last = trainer.train()
         rl_seconds = time.perf_counter() - t_rl
+        say(f"held-out evaluation after RL: {len(trainer.eval_rows)} problems, greedy")
+        t0 = time.perf_counter()
         final = trainer.evaluate()
+        eval_seconds += time.perf_counter() - t0
+        trainer.logger.log_eval(trainer.step, "eval_after_rl", final)
     finally:
         trainer.close()
     summary = {
@@ -124,7 +151,28 @@ def run_pipeline(config: Config, console: Console | None = None) -> dict[str, An
     }
     (trainer.output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     console.print(summary_table(summary))
+    console.print(
+        f"total time {_minutes(summary['wall_seconds'])} (SFT {_minutes(t_sft)}, RL "
+        f"{_minutes(rl_seconds)}, evaluation {_minutes(eval_seconds)})",
+        highlight=False,
+    )
     return summary
+
+
+def phase_printer(console: Console) -> Any:
+    """`say(text)`: one line per phase, with the time since the first."""
+    start = time.perf_counter()
+
+    def say(text: str) -> None:
+        elapsed = _minutes(time.perf_counter() - start)
+        console.print(f"[{elapsed}] {text} ...", markup=False, highlight=False)
+
+    return say
+
+
+def _minutes(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 60} min {s % 60:02d} s"
 
 
 def _stored_initial(output_dir: Path) -> dict[str, float]:
@@ -134,12 +182,31 @@ def _stored_initial(output_dir: Path) -> dict[str, float]:
     return json.loads(path.read_text())
 
 
+def table_keys(initial: dict[str, float], final: dict[str, float]) -> list[str]:
+    """The evaluation rows worth reading: a `reward` row that only repeats its `accuracy`
+    row (a 0/1 task check) and the per-group style shares (the overall ones stay) left out."""
+    keys = []
+    for key in initial:
+        twin = key.removesuffix("reward") + "accuracy"
+        same = (
+            key.endswith("reward")
+            and twin in initial
+            and initial[key] == initial[twin]
+            and final.get(key) == final.get(twin)
+        )
+        per_group_style = "/style/" in key and key.count("/") > 2
+        if not (same or per_group_style):
+            keys.append(key)
+    return keys
+
+
 def summary_table(summary: dict[str, Any]) -> Table:
     table = Table(title=f"{summary['recipe']} (seed {summary['seed']}): held-out evaluation")
     table.add_column("metric")
     table.add_column("before RL (SFT)", justify="right")
     table.add_column("after RL", justify="right")
-    for key, before in summary["initial_eval"].items():
+    for key in table_keys(summary["initial_eval"], summary["final_eval"]):
+        before = summary["initial_eval"][key]
         after = summary["final_eval"].get(key, float("nan"))
         table.add_row(key.removeprefix("eval/"), f"{before:.3f}", f"{after:.3f}")
     table.add_row("wall time (s)", "", f"{summary['wall_seconds']:.0f}")

@@ -1,12 +1,19 @@
 """Reward functions and the pipeline that combines them.
 
-A reward function has TRL's signature,
+A reward function has TRL's signature and is called the way TRL's `GRPOTrainer` calls it,
 
-    f(prompts: list[str], completions: list[str], **columns) -> list[float | None]
+    f(prompts=[...], completions=[...], completion_ids=[[...], ...], trainer_state=state,
+      **columns) -> list[float | None]
 
-where every dataset column arrives as a keyword list aligned with `completions` (so it
-must accept **kwargs for the columns it does not use). None means "could not parse": the
-pipeline scores it 0 and counts it, never crashes on it.
+by keyword: every dataset column arrives as a keyword list aligned with `completions`, so
+the function must accept **kwargs for what it does not use (TRL's `def reward_len(
+completions, **kwargs)` works unchanged). `completion_ids` (token ids of each completion)
+is passed when the caller has them; `trainer_state.global_step` / `.max_steps` say where
+training is. A function whose first two parameters have other names is called positionally.
+None (or NaN, which TRL makes of None) means "no reward for this sample": the pipeline
+scores it 0 in the weighted sum (TRL's nansum) and counts it as unparseable, never crashes
+on it. Anything else that is not a number (a string, a generator, None for the whole batch)
+is an error naming the function and the sample.
 
 A function may instead return a `RewardOutput(rewards, structure)`: `structure` holds values
 for later parts of the step (SRPO's distances between a group's rankings, DRPO's control
@@ -22,9 +29,11 @@ Named functions live in `REWARD_FUNCTIONS`; `load_reward_function` also takes
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 import math
 import re
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -51,6 +60,36 @@ REWARD_FUNCTIONS: Registry[RewardFunction] = Registry("reward function")
 
 class RewardFunctionError(RuntimeError):
     """A reward function raised, or returned something other than one number per sample."""
+
+
+@dataclass
+class RewardTrainerState:
+    """What TRL's `trainer_state` gives reward functions that we have: the step (the trainer
+    sets it before each step) and the run's length."""
+
+    global_step: int = 0
+    max_steps: int = 0
+
+
+def _keyword_style(fn: Callable[..., Any]) -> tuple[bool, set[str] | None]:
+    """(call by keyword, the keywords it takes: None for any). By keyword, as TRL does, when
+    `completions` has that name and `prompts` can be passed too (by name or **kwargs);
+    otherwise positionally (e.g. `lambda p, c, **k`)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: no signature to read
+        return False, None
+    named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    any_keyword = any(p.kind is p.VAR_KEYWORD for p in params)
+    by_keyword = "completions" in named and ("prompts" in named or any_keyword)
+    return by_keyword, None if any_keyword else named
+
+
+def call_reward_function(
+    fn: Callable[..., Any], prompts: list[str], completions: list[str], **columns: Any
+) -> Any:
+    """Call `fn` as the pipeline does (TRL's way, by keyword, when its parameters allow)."""
+    return _Call(fn, *_keyword_style(fn), {})(prompts, completions, **columns)
 
 
 @dataclass
@@ -93,6 +132,11 @@ def load_reward_function(spec: str) -> RewardFunction:
     module_name, _, attribute = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
+    except SyntaxError as error:
+        raise ValueError(
+            f"reward function {spec!r}: module {module_name!r} does not compile: {error.msg} "
+            f"({error.filename} line {error.lineno})"
+        ) from error
     except ImportError as error:
         raise ValueError(
             f"reward function {spec!r}: cannot import module {module_name!r} ({error}); "
@@ -117,7 +161,11 @@ def task_reward_function(task: Verifier) -> RewardFunction:
     """
 
     def verify(prompts: list[str], completions: list[str], **kwargs: Any) -> list[float | None]:
-        columns = {k: v for k, v in kwargs.items() if isinstance(v, list | tuple)}
+        columns = {
+            k: v
+            for k, v in kwargs.items()
+            if isinstance(v, list | tuple) and k not in _EXTRA_ARGUMENTS
+        }
         for column, values in columns.items():
             if len(values) != len(completions):
                 raise ValueError(
@@ -174,15 +222,25 @@ class RewardPipeline:
             if not math.isfinite(weight):
                 raise ValueError(f"reward function {name!r} has a non-finite weight {weight}")
         self.functions = [(name, fn, float(weight)) for name, fn, weight in functions]
+        self._styles = {name: _keyword_style(fn) for name, fn, _ in functions}
+        # TRL's `trainer_state` as reward functions see it; the trainer moves global_step.
+        self.trainer_state = RewardTrainerState()
 
     def __call__(
-        self, prompts: list[str], completions: list[str], columns: dict[str, list]
+        self,
+        prompts: list[str],
+        completions: list[str],
+        columns: dict[str, list],
+        *,
+        completion_ids: list[list[int]] | None = None,
     ) -> RewardResult:
         n = len(completions)
         if len(prompts) != n:
             raise ValueError(f"{len(prompts)} prompts for {n} completions")
+        if completion_ids is not None and len(completion_ids) != n:
+            raise ValueError(f"{len(completion_ids)} completion_ids for {n} completions")
         for column, values in columns.items():
-            if column in ("prompts", "completions"):
+            if column in ("prompts", "completions", *_EXTRA_ARGUMENTS):
                 raise ValueError(f"column name {column!r} clashes with a reward-function argument")
             if len(values) != n:
                 raise ValueError(f"column {column!r} has {len(values)} values for {n} completions")
@@ -190,8 +248,12 @@ class RewardPipeline:
         raw: dict[str, list[float | None]] = {}
         unparseable: dict[str, int] = {}
         structure: dict[str, torch.Tensor] = {}
+        extra: dict[str, Any] = {"trainer_state": self.trainer_state}
+        if completion_ids is not None:
+            extra["completion_ids"] = completion_ids
         for name, fn, weight in self.functions:
-            values, made = self._run(name, fn, prompts, completions, columns)
+            call = _Call(fn, *self._styles[name], extra)
+            values, made = self._run(name, call, prompts, completions, columns)
             clash = sorted(set(made) & set(structure))
             if clash:
                 raise RewardFunctionError(
@@ -243,7 +305,7 @@ class RewardPipeline:
     @staticmethod
     def _run(
         name: str,
-        fn: RewardFunction,
+        fn: _Call,
         prompts: list[str],
         completions: list[str],
         columns: dict[str, list],
@@ -252,31 +314,77 @@ class RewardPipeline:
         Returns the values and the declared structure the function returned."""
         try:
             output = fn(prompts, completions, **columns)
-            structure = {}
-            if isinstance(output, RewardOutput):
-                output, structure = output.rewards, output.structure
-            values = list(output)
         except Exception as error:
             for i, completion in enumerate(completions):
                 row = {key: [vals[i]] for key, vals in columns.items()}
                 try:
-                    fn([prompts[i]], [completion], **row)
+                    fn([prompts[i]], [completion], **row, _sample=i)
                 except Exception as sample_error:
                     raise RewardFunctionError(
                         f"reward function {name!r} failed on sample {i} "
                         f"(completion {completion[:80]!r}): {sample_error!r}"
+                        f"{_where(sample_error)}"
                     ) from sample_error
             raise RewardFunctionError(
                 f"reward function {name!r} failed on the batch of {len(completions)} "
-                f"(no single sample fails alone): {error!r}"
+                f"(no single sample fails alone): {error!r}{_where(error)}"
             ) from error
+        structure = {}
+        if isinstance(output, RewardOutput):
+            output, structure = output.rewards, output.structure
+        if isinstance(output, torch.Tensor):
+            output = output.tolist()
+        elif type(output).__module__ == "numpy":
+            output = list(output)
+        if not isinstance(output, list | tuple):
+            raise RewardFunctionError(
+                f"reward function {name!r} returned {_kind(output)}, not a list of "
+                f"{len(completions)} numbers (one per completion; None for no reward)"
+            )
+        values = list(output)
         if len(values) != len(completions):
             raise RewardFunctionError(
                 f"reward function {name!r} returned {len(values)} values for {len(completions)} completions"
             )
         return [_as_reward(name, i, v) for i, v in enumerate(values)], _as_structure(
-            name, fn, structure, len(completions)
+            name, fn.fn, structure, len(completions)
         )
+
+
+_EXTRA_ARGUMENTS = ("completion_ids", "trainer_state")
+
+
+@dataclass
+class _Call:
+    """One reward function called TRL's way (by keyword, with `completion_ids` and
+    `trainer_state`) or positionally, with only the extra arguments it takes."""
+
+    fn: RewardFunction
+    by_keyword: bool
+    accepts: set[str] | None
+    extra: dict[str, Any]
+
+    def __call__(
+        self, prompts: list[str], completions: list[str], _sample: int | None = None, **columns: Any
+    ) -> Any:
+        extra = {
+            k: v if _sample is None or k != "completion_ids" else [v[_sample]]
+            for k, v in self.extra.items()
+            if self.accepts is None or k in self.accepts
+        }
+        if self.by_keyword:
+            return self.fn(prompts=prompts, completions=completions, **extra, **columns)
+        return self.fn(prompts, completions, **extra, **columns)
+
+
+def _where(error: BaseException) -> str:
+    """' at FILE line N' of the innermost frame that raised `error`."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return f" at {frames[-1].filename} line {frames[-1].lineno}" if frames else ""
+
+
+def _kind(value: Any) -> str:
+    return "None" if value is None else f"a {type(value).__name__}"
 
 
 def _as_structure(
@@ -301,17 +409,28 @@ def _as_structure(
 
 
 def _as_reward(name: str, index: int, value: Any) -> float | None:
-    """None stays None; a number becomes a finite float; anything else is an error."""
+    """None and NaN are None (no reward: TRL's None -> NaN); a number becomes a finite
+    float; a string, inf or anything else is an error."""
     if value is None:
         return None
+    if isinstance(value, str | bytes):
+        raise RewardFunctionError(
+            f"reward function {name!r} returned {value!r} for sample {index}: a string, not a "
+            "number or None"
+        )
     try:
         reward = float(value)
     except (TypeError, ValueError) as error:
         raise RewardFunctionError(
             f"reward function {name!r} returned {value!r} for sample {index}: not a number or None"
         ) from error
+    if math.isnan(reward):
+        return None
     if not math.isfinite(reward):
-        raise RewardFunctionError(f"reward function {name!r} returned {reward} for sample {index}")
+        raise RewardFunctionError(
+            f"reward function {name!r} returned {reward} for sample {index}: give a finite "
+            "number, or None (or NaN) for no reward"
+        )
     return reward
 
 

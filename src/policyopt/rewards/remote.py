@@ -115,6 +115,8 @@ class RayRewardPool:
 
     # ----------------------------------------------------------------- the reward function
     def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> list[Any]:
+        # Per-sample lists travel to the workers; `trainer_state` (one object) does not.
+        columns = {k: v for k, v in columns.items() if isinstance(v, list | tuple)}
         keys = self._enqueue(prompts, completions, columns)
         self._pump(wait_for=set(keys))
         values = [self._results[k] for k in keys]

@@ -13,13 +13,18 @@ the file and the row index (counting from 0).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from typing import Any
 
 import datasets
 
-from policyopt.rewards.functions import RewardFunction, load_reward_function
+from policyopt.rewards.functions import (
+    RewardFunction,
+    call_reward_function,
+    load_reward_function,
+)
 from policyopt.tasks.base import TASKS, Task
 
 _LOADERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -137,8 +142,10 @@ def _call_one(
     fn: Callable[..., Any], prompt: str, completion: str, row: dict[str, Any]
 ) -> float | None:
     """A TRL reward function applied to one sample."""
-    values = list(fn([prompt], [completion], **{key: [value] for key, value in row.items()}))
+    columns = {key: [value] for key, value in row.items()}
+    values = list(call_reward_function(fn, [prompt], [completion], **columns))
     if len(values) != 1:
         name = getattr(fn, "__name__", repr(fn))
         raise ValueError(f"reward function {name!r} returned {len(values)} values for 1 completion")
-    return None if values[0] is None else float(values[0])
+    value = None if values[0] is None else float(values[0])
+    return None if value is None or math.isnan(value) else value  # NaN: no reward, as None

@@ -81,7 +81,7 @@ def load_config(
         set_dotted(given, key, value)
     drop_replaced_options(raw, given)
     for key, value in parsed:
-        set_dotted(raw, key, value)
+        set_dotted(raw, key, value, defaults=_list_defaults(raw) if _indexes(key) else None)
     check_keys(raw, Config)
     preset_name = raw.get("algorithm", {}).get("name", AlgorithmConfig().name)
     resolved = preset_values(preset_name)
@@ -93,6 +93,17 @@ def load_config(
         raise ConfigError(describe_validation_error(err)) from None
     check_config(config)
     return config
+
+
+def _indexes(key: str) -> bool:
+    return any(part.isdigit() for part in key.split("."))
+
+
+def _list_defaults(raw: dict[str, Any]) -> dict[str, Any]:
+    """The defaults under `raw`'s preset, as plain data: where an indexed override finds a
+    list (`reward.functions`) the YAML did not give."""
+    preset_name = raw.get("algorithm", {}).get("name", AlgorithmConfig().name)
+    return deep_merge(Config().model_dump(mode="json"), preset_values(preset_name))
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -155,14 +166,39 @@ def parse_override(item: str) -> tuple[str, Any]:
         ) from None
 
 
-def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
-    node = raw
+def set_dotted(
+    raw: dict[str, Any], key: str, value: Any, defaults: dict[str, Any] | None = None
+) -> None:
+    """Set `a.b.c` in `raw`; a number indexes a list (`reward.functions.1.weight`), taken
+    from `defaults` (the resolved defaults) when `raw` does not hold that list yet."""
+    node: Any = raw
+    default: Any = defaults
     parts = key.split(".")
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                where = ".".join(parts[:depth])
+                raise ConfigError(
+                    f"override {key!r}: {where} is a list of {len(node)} entries; index it "
+                    f"0 to {len(node) - 1}"
+                )
+            index = int(part)
+            if last:
+                node[index] = value
+                return
+            node, default = node[index], None
+            continue
         if not isinstance(node, dict):
-            raise ConfigError(f"override {key!r}: {part!r} is not a section")
-    node[parts[-1]] = value
+            raise ConfigError(f"override {key!r}: {parts[depth - 1]!r} is not a section")
+        if last:
+            node[part] = value
+            return
+        default = default.get(part) if isinstance(default, dict) else None
+        nxt = parts[depth + 1]
+        if part not in node and nxt.isdigit() and isinstance(default, list):
+            node[part] = copy.deepcopy(default)
+        node = node.setdefault(part, {})
 
 
 # (section, name key, option keys): a part's options belong to the part the name selects.

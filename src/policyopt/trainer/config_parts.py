@@ -92,6 +92,15 @@ def check_parts(config: Config) -> list[str]:
     if estimator is not None:
         what = f"advantage estimator {alg.advantage!r}"
         options(problems, "algorithm.advantage_options", what, estimator, alg.advantage_options, 2)
+    group_relative = alg.advantage in GROUP_RELATIVE or (
+        alg.advantage == "reinforce_pp" and alg.advantage_options.get("group_baseline")
+    )
+    if ro.group_size == 1 and group_relative and ro.strategy == "parallel":
+        problems.append(
+            f"rollout.group_size: 1, but advantage {alg.advantage!r} compares the samples of "
+            "one prompt with each other: with one sample every advantage is 0 and nothing is "
+            "learned; give 2 or more (TRL's GRPOTrainer refuses it too)"
+        )
     loss = named(problems, "algorithm.loss", POLICY_LOSSES, alg.loss)
     if loss is not None:
         options(
@@ -110,6 +119,10 @@ def check_parts(config: Config) -> list[str]:
     if task is not None:
         options(problems, "task.options", f"task {config.task.name!r}", task, config.task.options)
     return problems
+
+
+# Advantage estimators relative to the group of samples of one prompt (core/advantages.py).
+GROUP_RELATIVE = ("grpo", "dr_grpo", "rloo")
 
 
 def named(problems: list[str], where: str, registry: Any, name: str) -> Any:

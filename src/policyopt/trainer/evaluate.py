@@ -9,14 +9,17 @@ evaluation both count with, so that e.g. DocPO's continuous rewards count as cor
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 import datasets
+from rich.console import Console
 
 from policyopt.core import avg_at_k, maj_at_k, pass_at_k
 from policyopt.methods.hispo import build_segments
 from policyopt.rollout.base import RolloutEngine, SamplingParams
 from policyopt.tasks.base import Task
+from policyopt.trainer.metrics_log import progress_bar
 from policyopt.trainer.prompts import decode, encode_prompts
 
 
@@ -33,28 +36,54 @@ def evaluate(
     ks: list[int] | None = None,
     correct_threshold: float,
     segment_options: dict[str, Any] | None = None,
+    console: Console | None = None,
+    progress: bool = False,
+    reward_fn: Callable[..., Any] | None = None,
 ) -> dict[str, float]:
     """Greedy accuracy over `rows`, and the greedy responses' median length in tokens and
     median number of HISPO segments (`build_segments` with `segment_options`, from the
     responses' own entropies); with `samples` = n > 0 also pass@k, avg@n, maj@n and the
     mean number of distinct correct answers per problem. A reward >= `correct_threshold`
-    is correct (module docstring)."""
+    is correct (module docstring). `progress`: a bar (plain lines off a terminal) of the
+    completions generated so far. `reward_fn` (the run's `RewardPipeline`): also
+    `eval/weighted_reward`, the mean of the run's weighted reward on the greedy completions
+    (`eval/reward` is the task's own check alone)."""
     picked = [rows[i] for i in range(len(rows))]
-    _, ids = encode_prompts(task, tokenizer, picked, chat)
-    greedy = engine.generate(ids, SamplingParams(max_new_tokens=max_new_tokens, greedy=True))
-    texts = decode(tokenizer, greedy)
+    prompts, ids = encode_prompts(task, tokenizer, picked, chat)
+    with progress_bar(console, progress, plain=True) as bar:  # may run under train's bar
+        total = len(ids) * (1 + max(samples, 0))
+        bar_id = bar.add_task("eval", total=total, status="greedy")
+        texts, greedy = _generate(
+            engine,
+            tokenizer,
+            ids,
+            SamplingParams(max_new_tokens=max_new_tokens, greedy=True),
+            lambda n: bar.update(bar_id, advance=n),
+        )
+        sampled = []
+        if samples > 0:
+            bar.update(bar_id, status=f"{samples} samples per problem")
+            sampled, _ = _generate(
+                engine,
+                tokenizer,
+                [p for p in ids for _ in range(samples)],
+                SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature),
+                lambda n: bar.update(bar_id, advance=n),
+            )
     scores = [task.verify(t, row) or 0.0 for t, row in zip(texts, picked, strict=True)]
     out = {"eval/accuracy": sum(s >= correct_threshold for s in scores) / len(scores)}
     out["eval/reward"] = sum(scores) / len(scores)
     out.update(response_shape(greedy, segment_options or {}))
+    if reward_fn is not None:
+        columns = {c: [row[c] for row in picked] for c in picked[0]}
+        total = reward_fn(prompts, texts, columns).total
+        out["eval/weighted_reward"] = float(total.mean())
     out.update(grouped_scores(task, picked, scores, correct_threshold))
     out.update(style_shares(task, picked, texts))
     out.update(task.eval_metrics(texts, picked))
     if samples <= 0:
         return out
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
-    sampled = engine.generate([p for p in ids for _ in range(samples)], params)
-    texts = decode(tokenizer, sampled)
+    texts = sampled
     ks = ks or [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= samples]
     pass_sums = dict.fromkeys(ks, 0.0)
     avg_sum = maj_sum = distinct_sum = 0.0
@@ -81,17 +110,48 @@ def distinct_correct(task: Task, texts: list[str], correct: list[bool]) -> int:
     return len({task.extract_answer(t) or t for t, ok in zip(texts, correct, strict=True) if ok})
 
 
-def response_shape(rollouts: Any, segment_options: dict[str, Any]) -> dict[str, float]:
-    """Median response length (tokens, EOS included) and median HISPO segment count."""
-    if len(rollouts) == 0:
+def response_shape(parts: list[Any], segment_options: dict[str, Any]) -> dict[str, float]:
+    """Median response length (tokens, EOS included) and median HISPO segment count over
+    the rollouts of every generation batch in `parts`."""
+    lengths: list[int] = []
+    counts: list[int] = []
+    entropies = bool(parts) and all(p.has_entropies for p in parts)
+    for rollouts in parts:
+        n_tokens = rollouts.lengths.tolist()
+        lengths += n_tokens
+        if entropies and len(rollouts):
+            ids = build_segments(rollouts.entropies, rollouts.response_mask, **segment_options)
+            counts += [
+                int(ids[i, : max(n, 1)].max()) + 1 if n else 0 for i, n in enumerate(n_tokens)
+            ]
+    if not lengths:
         return {}
-    lengths = rollouts.lengths.tolist()
     out = {"eval/response_tokens_median": float(statistics.median(lengths))}
-    if rollouts.has_entropies:
-        ids = build_segments(rollouts.entropies, rollouts.response_mask, **segment_options)
-        counts = [int(ids[i, : max(n, 1)].max()) + 1 if n else 0 for i, n in enumerate(lengths)]
+    if entropies:
         out["eval/segments_per_response_median"] = float(statistics.median(counts))
     return out
+
+
+def _generate(
+    engine: RolloutEngine,
+    tokenizer: Any,
+    ids: list[list[int]],
+    params: SamplingParams,
+    done: Callable[[int], None],
+) -> tuple[list[str], list[Any]]:
+    """Decoded completions of `ids` and the rollouts of each batch, generated in the
+    engine's own batches (so the results are those of one call) and reported batch by
+    batch to `done`."""
+    step = getattr(engine, "batch_size", None) or len(ids) or 1
+    texts: list[str] = []
+    parts: list[Any] = []
+    for start in range(0, len(ids), step):
+        part = ids[start : start + step]
+        rollouts = engine.generate(part, params)
+        texts += decode(tokenizer, rollouts)
+        parts.append(rollouts)
+        done(len(part))
+    return texts, parts
 
 
 def eval_rows(task: Task, size: int) -> datasets.Dataset:

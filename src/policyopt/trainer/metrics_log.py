@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,28 @@ class MetricsLogger:
         with self.samples.open("a") as fh:
             for s in samples:
                 fh.write(json.dumps({"step": step, **s}) + "\n")
+        if self._tb is not None and samples:
+            text = "\n\n".join("\n".join(f"**{k}**: `{v}`" for k, v in s.items()) for s in samples)
+            self._tb.add_text("samples", text, step)
+            self._tb.flush()
+
+    def log_eval(self, step: int, tag: str, metrics: dict[str, float]) -> None:
+        """A held-out evaluation outside the step records (before / after RL) to the
+        dashboards as `<tag>/<metric>` (metrics.jsonl keeps one record per step; the
+        pipeline writes these to initial_eval.json and summary.json)."""
+        numeric = {
+            f"{tag}/{k.removeprefix('eval/')}": float(v)
+            for k, v in metrics.items()
+            if isinstance(v, int | float) and math.isfinite(v)
+        }
+        if self._tb is not None:
+            for key, value in numeric.items():
+                self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(numeric, step=step)
+        if self._mlflow is not None:
+            self._mlflow.log_metrics(numeric, step=step)
 
     def close(self) -> None:
         if self._tb is not None:
@@ -115,7 +138,21 @@ def _parse_lines(text: str) -> tuple[list[tuple[str, dict[str, Any]]], int]:
     return parsed, bad
 
 
-def progress_bar(console: Console | None = None, enabled: bool = True) -> Progress:
+def progress_bar(
+    console: Console | None = None,
+    enabled: bool = True,
+    interval: float | None = None,
+    plain: bool = False,
+) -> Progress | PlainProgress:
+    """A live bar on a terminal; where output goes to a file or pipe (nohup, CI, Slurm), or
+    with `plain` (a phase that may run under another bar: evaluation inside training), a
+    plain line every `interval` seconds (default `$POLICYOPT_PROGRESS_INTERVAL` or 30) with
+    steps, elapsed time and the estimated time remaining."""
+    console = console or Console()
+    if enabled and (plain or not console.is_terminal):
+        if interval is None:
+            interval = float(os.environ.get("POLICYOPT_PROGRESS_INTERVAL", "30"))
+        return PlainProgress(console, interval)
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -125,6 +162,75 @@ def progress_bar(console: Console | None = None, enabled: bool = True) -> Progre
         console=console,
         disable=not enabled,
     )
+
+
+class PlainProgress:
+    """`rich.progress.Progress`'s add_task / update as plain lines for a non-terminal:
+
+        sft 120/1000 (12%), 0:01:02 elapsed, about 0:08:05 left; loss 0.1234
+
+    printed on the first update, then at most every `interval` seconds, and at the end.
+    The estimate is the mean time per step so far (of this process: a resumed run's earlier
+    steps are not counted) times the steps left."""
+
+    def __init__(self, console: Console, interval: float, clock: Any = time.monotonic) -> None:
+        self.console, self.interval, self.clock = console, interval, clock
+        self.tasks: list[dict[str, Any]] = []
+
+    def __enter__(self) -> PlainProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def add_task(
+        self, description: str, total: float | None = None, completed: float = 0, **fields: Any
+    ) -> int:
+        now = self.clock()
+        self.tasks.append(
+            {
+                "description": description,
+                "total": total,
+                "completed": completed,
+                "first": completed,
+                "start": now,
+                "printed": None,
+                "status": fields.get("status", ""),
+            }
+        )
+        return len(self.tasks) - 1
+
+    def update(
+        self, task_id: int, *, completed: float | None = None, advance: float = 0, **fields: Any
+    ) -> None:
+        task = self.tasks[task_id]
+        task["completed"] = task["completed"] + advance if completed is None else completed
+        if "status" in fields:
+            task["status"] = fields["status"]
+        now = self.clock()
+        done = task["total"] is not None and task["completed"] >= task["total"]
+        due = task["printed"] is None or now - task["printed"] >= self.interval
+        if due or done:
+            task["printed"] = now
+            self.console.print(self.line(task, now), markup=False, highlight=False)
+
+    @staticmethod
+    def line(task: dict[str, Any], now: float) -> str:
+        elapsed = now - task["start"]
+        done, total = task["completed"], task["total"]
+        head = f"{task['description']} {done:g}"
+        if total:
+            head += f"/{total:g} ({100 * done / total:.0f}%)"
+        head += f", {_clock(elapsed)} elapsed"
+        steps = done - task["first"]
+        if total and steps > 0 and done < total:
+            head += f", about {_clock(elapsed / steps * (total - done))} left"
+        return head + (f"; {task['status']}" if task["status"] else "")
+
+
+def _clock(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
 def _clean(value: Any) -> Any:

@@ -7,12 +7,27 @@ from typing import Any
 
 PANELS = [
     ("reward/mean", "reward mean"),
+    ("reward/*", "reward by function"),  # one line per reward function
     ("accuracy", "train accuracy"),
     ("eval/accuracy", "held-out greedy accuracy"),
+    ("loss", "policy loss"),
     ("response_length/mean", "response length"),
     ("entropy", "entropy"),
-    ("kl", "approx KL to old policy"),
+    ("approx_kl", "approx KL to old policy"),
 ]
+# reward/<key> entries that are not one function's mean reward
+NOT_FUNCTIONS = {"reward/mean", "reward/std", "reward/shaped_mean"}
+
+
+def reward_function_keys(records: list[dict[str, Any]]) -> list[str]:
+    """The per-function mean rewards the run logged (`reward/<name>`)."""
+    keys = {
+        k
+        for r in records
+        for k in r
+        if k.startswith("reward/") and k not in NOT_FUNCTIONS and not k.endswith("/unparseable")
+    }
+    return sorted(keys)
 
 
 def plot_metrics(records: list[dict[str, Any]], path: str | Path, title: str = "") -> Path | None:
@@ -22,17 +37,28 @@ def plot_metrics(records: list[dict[str, Any]], path: str | Path, title: str = "
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(k, label) for k, label in PANELS if any(r.get(k) is not None for r in records)]
+    functions = reward_function_keys(records)
+    panels = [
+        (k, label)
+        for k, label in PANELS
+        if (functions if k == "reward/*" else any(r.get(k) is not None for r in records))
+    ]
     if not panels:
         return None
     cols = min(3, len(panels))
     rows = (len(panels) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
     for ax, (key, label) in zip(axes.flat, panels, strict=False):
-        points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
-        ax.plot(
-            [p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None
-        )
+        for line in functions if key == "reward/*" else [key]:
+            points = [(r["step"], r[line]) for r in records if r.get(line) is not None]
+            ax.plot(
+                [p[0] for p in points],
+                [p[1] for p in points],
+                marker="." if len(points) < 30 else None,
+                label=line.removeprefix("reward/"),
+            )
+        if key == "reward/*":
+            ax.legend(fontsize=7)
         ax.set_title(label)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

@@ -7,7 +7,7 @@ options, declared structure) is `policyopt.trainer.parts`, which the schema neve
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -209,7 +209,10 @@ class TrainConfig(Section):
     resume_anyway: bool = False
     log_every: int = Field(1, ge=1)
     loggers: list[Literal["jsonl", "tensorboard", "wandb", "mlflow"]] = ["jsonl", "tensorboard"]
-    num_threads: int = Field(0, ge=0)
+    # Torch intra-op threads for SFT, sampling, the update and evaluation: "auto" = the cores
+    # this process may run on, at most 2 for a model under 10 M parameters
+    # (policyopt.models.threads; measured in docs/results.md); 0 = torch's own default.
+    num_threads: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
     # Data parallelism under torchrun (docs/guides/distributed.md): "auto" is ddp when
     # WORLD_SIZE > 1, else none; fsdp2 shards parameters, gradients and optimizer state.
     parallel: Literal["auto", "none", "ddp", "fsdp2"] = "auto"

@@ -226,7 +226,9 @@ def score(parts: Parts, batch: Batch, times: Times) -> Batch:
     """2a. The reward functions: each one's values, their weighted total, the task term M
     and the other functions' weighted sum; their declared structure joins the batch's."""
     t0 = time.perf_counter()
-    result = parts.reward(batch.prompts, batch.completions, batch.columns)
+    r = batch.rollouts
+    ids = [row[:n] for row, n in zip(r.response_ids.tolist(), r.lengths.tolist(), strict=True)]
+    result = parts.reward(batch.prompts, batch.completions, batch.columns, completion_ids=ids)
     pairwise = result.pairwise
     batch.add_structure({k: v for k, v in result.structure.items() if k not in pairwise})
     batch.add_structure({k: result.structure[k] for k in pairwise}, pairwise=True)

@@ -20,6 +20,7 @@ from rich.console import Console
 
 from policyopt.core.tis import DEFAULT_TIS_CAP
 from policyopt.models.lora import apply_lora, disabled_adapter
+from policyopt.models.threads import apply_num_threads
 from policyopt.trainer import checkpoint as ckpt
 from policyopt.trainer import dist_checkpoint
 from policyopt.trainer.batch import Batch
@@ -62,8 +63,6 @@ class Trainer:
     ) -> None:
         self.config = cfg = config
         self.console = console or Console()
-        if cfg.train.num_threads:
-            torch.set_num_threads(cfg.train.num_threads)
         # Data parallelism under torchrun (trainer.distributed); one process: rank 0 of 1.
         self.dist = setup(cfg.train.parallel, cfg.model.device)
         seed_everything(cfg.train.seed)
@@ -95,6 +94,7 @@ class Trainer:
                 dropout=lora.dropout,
             )
         self.model, self.tokenizer = model, tokenizer
+        self.num_threads = apply_num_threads(cfg.train.num_threads, model)  # "auto": by size
         pad_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         )
@@ -378,6 +378,9 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         """One step (`policyopt.trainer.step.train_step`), its samples logged; the metrics
         over all ranks."""
+        # Reward functions see TRL's trainer_state: the optimizer steps done so far.
+        self.reward_fn.trainer_state.global_step = self.step
+        self.reward_fn.trainer_state.max_steps = self.config.train.steps
         batch, metrics = train_step(self.parts, self.state)
         if batch is not None and self.config.train.log_samples and self.dist.is_main:
             self._log_samples(batch)
@@ -420,6 +423,8 @@ class Trainer:
                 segment_options=next(
                     (a.options for a in cfg.rollout.annotators if a.name == "hispo_segments"), {}
                 ),
+                console=self.console,
+                progress=cfg.train.progress,
             )
 
     def close(self) -> None:
