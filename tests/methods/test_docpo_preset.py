@@ -11,7 +11,7 @@ import torch
 from policyopt.methods import PRESETS
 from policyopt.methods.docpo import step_aware_gamma
 from policyopt.recipes import recipe_config
-from policyopt.tasks.docparse import MAX_REFERENCE_CHARS
+from policyopt.tasks.docparse.task import MAX_REFERENCE_CHARS
 from policyopt.trainer.config import load_config
 from policyopt.trainer.trainer import Trainer
 

@@ -9,9 +9,9 @@ import pytest
 import sympy
 
 from policyopt.tasks.docparse import formula as docparse_formula
-from policyopt.tasks.docparse import make_formula
 from policyopt.tasks.docparse.formula import formula_reward, formula_rewards, normalise_latex
 from policyopt.tasks.docparse.reward import docparse_reward
+from policyopt.tasks.docparse.task import make_formula
 
 # (prediction, reference): equivalent, non-equivalent and invalid, expressions and equations
 # (the equation pairs reach the ratio check: scaled, swapped, and different equations).

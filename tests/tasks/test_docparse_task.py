@@ -8,7 +8,8 @@ from collections import Counter
 import pytest
 
 from policyopt.tasks import TASKS, get_task
-from policyopt.tasks.docparse import (
+from policyopt.tasks.docparse.reward import docparse_reward_function
+from policyopt.tasks.docparse.task import (
     MAX_REFERENCE_CHARS,
     DocParseTask,
     _table_html,
@@ -20,7 +21,6 @@ from policyopt.tasks.docparse import (
     spoken,
     wrap,
 )
-from policyopt.tasks.docparse.reward import docparse_reward_function
 
 
 def small(**options):
