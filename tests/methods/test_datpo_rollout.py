@@ -95,7 +95,7 @@ def test_branches_from_the_kept_base_cache_equal_branches_from_a_fresh_prefill(t
     assert torch.equal(got.lengths, want.lengths) and torch.equal(got.truncated, want.truncated)
     assert torch.equal(got.response_ids, want.response_ids)
     assert torch.equal(got.prompt_ids, want.prompt_ids)  # prompt + the kept tokens
-    for name in ("logp", "entropy", "hidden"):
+    for name in ("logp", "entropies", "hidden"):
         torch.testing.assert_close(getattr(got, name), getattr(want, name), atol=1e-4, rtol=0)
     assert got.generated_tokens == want.generated_tokens == int(got.lengths.sum())
     with pytest.raises(ValueError, match="outside"):

@@ -107,6 +107,11 @@ def make_ctx(model, tok, batch=BATCH, groups=GROUPS, columns=None, step=0, with_
     )
 
 
+def with_round(ctx, **fields):
+    """`ctx` over a copy of its round with `fields` replaced."""
+    return replace(ctx, batch=replace(ctx.batch, **fields))
+
+
 def reference_signal(model, tok, prompt, answer, span=None):
     """v by the long way: full-logit forward, LM-head input by hook, autograd at the head."""
     p, a = encode(tok, prompt), encode(tok, answer, eos=True)
@@ -191,7 +196,9 @@ def test_cost_one_anchor_pass_per_prompt_and_no_signal_for_wrong_rollouts(tiny, 
     assert forwarded == [1, 1] and metrics["gar/anchor_sequences"] == 2.0
     assert metrics["gar/anchors_sampled"] == 1.0
     # nothing correct: no pass at all, everyone gets 0
-    none = replace(ctx, step=2, correct=torch.zeros(len(BATCH), dtype=torch.bool))
+    none = replace(
+        ctx, step=2, batch=replace(ctx.batch, correct=torch.zeros(len(BATCH), dtype=torch.bool))
+    )
     rewards, metrics = shaper(torch.ones(len(BATCH)), none)
     assert forwarded == [1, 1] and torch.equal(rewards, torch.zeros(len(BATCH)))
     assert metrics["gar/bonus_mean"] == 0.0 and metrics["gar/fraction_rewarded"] == 0.0
@@ -205,7 +212,7 @@ def test_engine_hidden_states_match_a_teacher_forced_pass(tiny):
     assert rollouts.hidden is not None
     ctx = make_ctx(model, tok)
     texts = tok.batch_decode(rollouts.response_ids.tolist(), skip_special_tokens=True)
-    ctx = replace(
+    ctx = with_round(
         ctx,
         rollouts=rollouts,
         group_ids=torch.tensor([0, 0, 0, 1, 1, 1]),
@@ -217,7 +224,7 @@ def test_engine_hidden_states_match_a_teacher_forced_pass(tiny):
     shaper = GARShaper()
     recorded = shaper._cosines(torch.tensor([0, 1, 3, 4, 5]), ctx)[0]
     forced = shaper._cosines(
-        torch.tensor([0, 1, 3, 4, 5]), replace(ctx, rollouts=replace(rollouts, hidden=None))
+        torch.tensor([0, 1, 3, 4, 5]), with_round(ctx, rollouts=replace(rollouts, hidden=None))
     )[0]
     torch.testing.assert_close(recorded, forced, rtol=1e-4, atol=1e-4)
     assert recorded.std() > 1e-3  # not trivially equal
@@ -248,7 +255,7 @@ def test_an_anchor_sampled_verbatim_takes_the_rollout_s_signal(tiny, with_hidden
     # cut before EOS (as truncated at max_new_tokens): a teacher-forced pass after all
     cut = replace(ctx.rollouts, response_mask=ctx.rollouts.response_mask.clone())
     cut.response_mask[0, len(encode(tok, batch[0][1])) :] = 0
-    _, metrics = GARShaper()(torch.zeros(3), replace(ctx, rollouts=cut))
+    _, metrics = GARShaper()(torch.zeros(3), with_round(ctx, rollouts=cut))
     assert metrics["gar/anchors_sampled"] == 0.0
 
 

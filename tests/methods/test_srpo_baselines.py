@@ -112,7 +112,8 @@ def test_pg_rank_gradient_is_the_exact_expected_gradient():
     items, weighted by their PL probabilities) equals ∇_s E_π[R] computed by enumeration."""
     import itertools
 
-    from policyopt.core import compute_advantages, compute_policy_loss
+    from loss_helpers import policy_loss
+    from policyopt.core import compute_advantages
     from policyopt.core.plackett_luce import plackett_luce_logprobs
     from policyopt.methods.presets import PRESETS
 
@@ -128,7 +129,7 @@ def test_pg_rank_gradient_is_the_exact_expected_gradient():
         adv = compute_advantages(
             preset["advantage"], torch.tensor([reward[a], reward[b]]), torch.tensor([0, 0])
         )
-        loss, _ = compute_policy_loss(
+        loss, _ = policy_loss(
             preset["loss"],
             lp,
             lp.detach(),

@@ -127,7 +127,8 @@ def test_exception_names_function_sample_and_completion():
     message = str(caught.value)
     assert "'fragile'" in message and "sample 2" in message
     assert repr(long[:80]) in message and long[:81] not in message
-    assert f"at {__file__} line 126" in message  # where the function raised
+    raised_at = fragile.__code__.co_firstlineno + 1  # the line of the division
+    assert f"at {__file__} line {raised_at}" in message  # where the function raised
     assert isinstance(caught.value.__cause__, ZeroDivisionError)
 
 

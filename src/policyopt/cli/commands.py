@@ -55,7 +55,10 @@ def run_quickstart(args: argparse.Namespace) -> int:
     if args.print_config:
         print(dump_config(config))
         return 0
-    if config.task.name == "dmrl_skill":
+    import policyopt.tasks  # noqa: F401  (registers the shipped tasks)
+    from policyopt.tasks.base import task_class
+
+    if task_class(config.task.name).pipeline == "dmrl":
         return run_dmrl_quickstart(config, out)
     summary = run_pipeline(config, Console())
     if "final_ndcg@10" in summary:
@@ -147,7 +150,10 @@ def add_train(sub: argparse._SubParsersAction) -> None:
 def cannot_learn_warning(config: Config) -> str | None:
     """A warning for a setup that starts RL where it cannot learn: the embedded model is
     untrained (random weights) and `train` does no SFT."""
-    if config.model.name_or_path == "tiny" and config.task.name not in RANDOM_START_TASKS:
+    import policyopt.tasks  # noqa: F401  (registers the shipped tasks)
+    from policyopt.tasks.base import task_class
+
+    if config.model.name_or_path == "tiny" and not task_class(config.task.name).random_start:
         return (
             "warning: model 'tiny' is the embedded model, untrained (random weights); RL from "
             "it earns almost no reward. Warm start it first: `policyopt quickstart CONFIG` "
@@ -156,10 +162,6 @@ def cannot_learn_warning(config: Config) -> str | None:
             "solutions: task.options.solution_column for an hf_dataset)."
         )
     return None
-
-
-# Tasks whose policy is meant to start at random (ranking policies, the DMRL editor).
-RANDOM_START_TASKS = ("ltr_synthetic", "mslr", "rerank", "dmrl_skill")
 
 
 def run_train(args: argparse.Namespace) -> int:

@@ -6,8 +6,6 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from policyopt.core.registry import unknown_name_message
-
 if TYPE_CHECKING:
     from policyopt.trainer.schema import Config
 
@@ -32,6 +30,9 @@ def recipe_path(name: str, relative_to: Path | None = None) -> Path:
         return path
     path = Path(str(resources.files("policyopt.recipes") / f"{name}.yaml"))
     if not path.exists():
+        # Imported here: `policyopt.core` imports torch, which `policyopt --help` must not.
+        from policyopt.core.registry import unknown_name_message
+
         raise ConfigError(unknown_name_message("recipe", name, recipe_names()))
     return path
 

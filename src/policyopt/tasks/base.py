@@ -32,6 +32,14 @@ class Task(ABC):
     # The kinds of answer `output_style` tells apart (evaluation reports each one's share);
     # empty for tasks that do not.
     styles: tuple[str, ...] = ()
+    # The policy trains from a random start, not from an SFT warm start: ranking policies,
+    # and the DMRL editor (its pipeline makes its own warm start). `policyopt train` warns
+    # about the untrained embedded model on every other task.
+    random_start: bool = False
+    # The quickstart pipeline of this task's recipes: "rl" (recipes/pipeline.py: SFT, RL,
+    # held-out evaluation) or "dmrl" (recipes/dmrl_pipeline.py: the long-term predictor,
+    # the editor's warm start, DRPO and the deployments).
+    pipeline: str = "rl"
 
     # Tasks with state (a live environment that moves on as the policy trains) override
     # these: the trainer checkpoints it (tensors and plain data only) and restores it on resume.
@@ -81,6 +89,12 @@ class Task(ABC):
         """What supervised warm-up imitates for a row; the expert solutions unless a task
         mixes in other demonstrations."""
         return self.expert_solutions(row)
+
+
+def task_class(name: str) -> type[Task]:
+    """The registered task class `name` (its declared attributes, without building it); the
+    shipped tasks are registered by importing `policyopt.tasks`."""
+    return TASKS.get(name)  # type: ignore[return-value]
 
 
 def get_task(name: str, **options: Any) -> Task:

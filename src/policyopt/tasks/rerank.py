@@ -44,6 +44,7 @@ def format_ranking(ranking: list[int]) -> str:
 @TASKS.register("rerank")
 class RerankTask(Task):
     name = "rerank"
+    random_start = True
     answer_column = "labels"
     solution_column = "solution"
 

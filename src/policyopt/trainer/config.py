@@ -19,7 +19,6 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from policyopt.trainer.parts import check_config
 from policyopt.trainer.schema import (
     AlgorithmConfig,
     AnnotatorConfig,
@@ -91,6 +90,10 @@ def load_config(
         config = Config.model_validate(resolved)
     except ValidationError as err:
         raise ConfigError(describe_validation_error(err)) from None
+    # Imported here: the parts' check imports every registry (torch included), which
+    # `policyopt --help` and the other config-only paths must not pay for.
+    from policyopt.trainer.parts import check_config
+
     check_config(config)
     return config
 

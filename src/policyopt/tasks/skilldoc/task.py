@@ -55,8 +55,11 @@ def make_lower_agent(kind: str, model: str = DEFAULT_LM_AGENT) -> LowerAgent:
     )
 
 
+@TASKS.register("dmrl_skill")
 class SkillDocTask(Task):
     name = "dmrl_skill"
+    random_start = True
+    pipeline = "dmrl"
     answer_column = "env_key"
 
     def __init__(
@@ -171,8 +174,3 @@ class SkillDocTask(Task):
         if edit is None:
             return None
         return self.value(doc.apply(edit)) / self.value(doc) - 1.0
-
-
-@TASKS.register("dmrl_skill")
-def dmrl_skill(**options: Any) -> SkillDocTask:
-    return SkillDocTask(**options)
