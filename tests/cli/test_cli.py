@@ -238,17 +238,17 @@ def test_bench_interleaving_keeps_each_method_s_samples(monkeypatch) -> None:
 
     sampled: dict[str, list[str]] = {}
     shape = step.shape  # each sampling round is shaped (then filtered)
+    owner: dict[int, str] = {}  # id(parts) -> the method whose trainer built them
 
     def recording(parts, state, batch):
-        sampled.setdefault(current["algo"], []).extend(batch.completions)
+        sampled.setdefault(owner[id(parts)], []).extend(batch.completions)
         return shape(parts, state, batch)
 
-    current = {}
     init = Trainer.__init__
 
     def remember(self, config, **kwargs):
-        current["algo"] = config.algorithm.name
         init(self, config, **kwargs)
+        owner[id(self.parts)] = config.algorithm.name
 
     monkeypatch.setattr(step, "shape", recording)
     monkeypatch.setattr(Trainer, "__init__", remember)

@@ -180,10 +180,12 @@ def run_train(args: argparse.Namespace) -> int:
     trainer = Trainer(config)
     try:
         metrics = trainer.train()
+        # Before `close`, which under torchrun drops the training state with the process group.
+        summary = train_summary(trainer, metrics) if trainer.dist.is_main else None
     finally:
         trainer.close()
-    if trainer.dist.is_main:
-        print(train_summary(trainer, metrics))
+    if summary is not None:
+        print(summary)
     return 0
 
 

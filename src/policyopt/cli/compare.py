@@ -108,6 +108,11 @@ def run_compare(args: argparse.Namespace) -> int:
         one_thread=args.workers > 1 or args.ray is not None,
     )
     check_runs(runs, args.recipe)
+    cells = list(dict.fromkeys(r.cell for r in runs))
+    if args.baseline is not None and args.baseline not in cells:  # before any run starts
+        raise ValueError(
+            f"--baseline {args.baseline!r} is not a cell of the study; cells: {', '.join(cells)}"
+        )
     root.mkdir(parents=True, exist_ok=True)
     status = execute(
         runs,
@@ -116,7 +121,6 @@ def run_compare(args: argparse.Namespace) -> int:
         on_done=lambda run, state: console.print(f"{run.cell} seed {run.seed}: {state}"),
         cli=getattr(args, "cli_main", None),
     )
-    cells = list(dict.fromkeys(r.cell for r in runs))
     baseline = args.baseline or cells[0]
     write_report(runs, status, root, baseline=baseline, study_command=study_command(args))
     failed = {k: v for k, v in status.items() if v.startswith("failed")}
