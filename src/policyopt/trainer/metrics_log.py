@@ -68,6 +68,10 @@ class MetricsLogger:
         with self.jsonl.open("a") as fh:
             fh.write(json.dumps(record) + "\n")
         numeric = {k: v for k, v in record.items() if isinstance(v, int | float) and k != "step"}
+        self._to_dashboards(numeric, step)
+
+    def _to_dashboards(self, numeric: dict[str, float], step: int) -> None:
+        """Scalars to every configured dashboard (TensorBoard, W&B, MLflow)."""
         if self._tb is not None:
             for key, value in numeric.items():
                 self._tb.add_scalar(key, value, step)
@@ -95,14 +99,7 @@ class MetricsLogger:
             for k, v in metrics.items()
             if isinstance(v, int | float) and math.isfinite(v)
         }
-        if self._tb is not None:
-            for key, value in numeric.items():
-                self._tb.add_scalar(key, value, step)
-            self._tb.flush()
-        if self._wandb is not None:
-            self._wandb.log(numeric, step=step)
-        if self._mlflow is not None:
-            self._mlflow.log_metrics(numeric, step=step)
+        self._to_dashboards(numeric, step)
 
     def close(self) -> None:
         if self._tb is not None:
