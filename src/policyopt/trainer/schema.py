@@ -184,6 +184,11 @@ class SFTConfig(Section):
     # Stop SFT after this many seconds even if steps remain (0: no limit).
     max_seconds: float = Field(0.0, ge=0)
     batch_size: int = Field(64, ge=1)
+    # Each batch is sorted by length and run as this many micro-batches (one optimizer
+    # step; the loss is the token mean over the whole batch either way), which cuts the
+    # padding: 3 made the embedded model's SFT step 1.4-1.6x faster (docs/results.md,
+    # "SFT length buckets"); 1 pads the batch as one.
+    length_buckets: int = Field(3, ge=1)
     lr: float = Field(1e-3, gt=0)
     warmup_steps: int = 20
     weight_decay: float = 0.0
