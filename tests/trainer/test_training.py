@@ -211,3 +211,20 @@ def test_prefetch_auto_is_on_only_where_sampling_leaves_a_core_free(
     assert rollout_phase.prefetch_enabled(config) is True  # sampling on the GPU
     config.reward.prefetch = False
     assert rollout_phase.prefetch_enabled(config) is False
+
+
+def test_samples_hold_the_reference_answer_and_the_check(tmp_path, small_config) -> None:
+    """samples.jsonl shows what the completion should have said (the task's answer column)
+    and whether the task's check passed, beside the prompt, completion and reward."""
+    trainer = Trainer(small_config(tmp_path, "train.log_samples=3", steps=1))
+    trainer.train()
+    trainer.close()
+    lines = (tmp_path / "samples.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    assert len(rows) == 3
+    for row in rows:
+        assert set(row) >= {"prompt", "completion", "reward", "reference", "correct"}
+        # The arithmetic task's answer is the number the prompt's problem evaluates to.
+        assert str(int(row["reference"])) == row["reference"]
+        answer = trainer.task.extract_answer(row["completion"])
+        assert row["correct"] == (answer == row["reference"])

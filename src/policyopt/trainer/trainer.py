@@ -388,17 +388,22 @@ class Trainer:
 
     def _log_samples(self, batch: Batch) -> None:
         k = min(self.config.train.log_samples, len(batch))
-        self.logger.log_samples(
-            self.step + 1,
-            [
-                {
-                    "prompt": batch.prompts[i],
-                    "completion": batch.completions[i],
-                    "reward": float(batch.rewards["total"][i]),
-                }
-                for i in range(k)
-            ],
-        )
+        # What the completion should have said (the task's answer column, when the rows
+        # have one) and whether the task's check passed, for reading samples by eye.
+        references = batch.columns.get(self.task.answer_column)
+        samples = []
+        for i in range(k):
+            sample: dict[str, Any] = {
+                "prompt": batch.prompts[i],
+                "completion": batch.completions[i],
+                "reward": float(batch.rewards["total"][i]),
+            }
+            if references is not None:
+                sample["reference"] = references[i]
+            if batch.correct is not None:
+                sample["correct"] = bool(batch.correct[i])
+            samples.append(sample)
+        self.logger.log_samples(self.step + 1, samples)
 
     def evaluate(self, samples: int | None = None) -> dict[str, float]:
         """Evaluation on rank 0 (the others wait); under FSDP2 on whole layers."""
