@@ -206,6 +206,7 @@ def run_dmrl_pipeline(config: Config, console: Console | None = None) -> dict[st
         "advantage": config.algorithm.advantage,
         "advantage_options": config.algorithm.advantage_options,
         "seed": config.train.seed,
+        "world": task.platform.world,  # type: ignore[attr-defined]
         "initial_long_term_value": initial,
         "final_long_term_value": task.value(env.document),  # type: ignore[attr-defined]
         "lrp_spearman": lrp["lrp_spearman"],
