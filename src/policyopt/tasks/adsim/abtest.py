@@ -28,11 +28,10 @@ mix), which separate A/B tests with their own users are not.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-
-from collections.abc import Callable
 
 from policyopt.tasks.adsim.live import LivePopulation
 from policyopt.tasks.adsim.params import AdParams
@@ -113,7 +112,9 @@ class AdPlatform:
         self.seed, self.world, self.dyn = seed, world, WORLDS[world]
         self.users_per_arm = users_per_arm
         self.ads: Advertisers = make_advertisers(advertisers, np.random.default_rng([seed, 1]))
-        self.live = LivePopulation(seed, live_users, self.ads, self.dyn) if world == "live" else None
+        self.live = (
+            LivePopulation(seed, live_users, self.ads, self.dyn) if world == "live" else None
+        )
 
     @property
     def day(self) -> int | None:

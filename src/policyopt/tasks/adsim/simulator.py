@@ -86,9 +86,7 @@ class Dynamics:
 
 
 STATIONARY = Dynamics()
-LIVE = Dynamics(
-    annoy_keep=0.92, annoy_gain=0.6, habit_keep=0.9, habit_gain=0.5, churn_shift=-0.8
-)
+LIVE = Dynamics(annoy_keep=0.92, annoy_gain=0.6, habit_keep=0.9, habit_gain=0.5, churn_shift=-0.8)
 WORLDS = {"stationary": STATIONARY, "live": LIVE}
 
 
@@ -181,9 +179,7 @@ def simulate_day(
     )
 
 
-def night(
-    users: Users, p: AdParams, state: UserState, day: DayResult, dyn: Dynamics
-) -> np.ndarray:
+def night(users: Users, p: AdParams, state: UserState, day: DayResult, dyn: Dynamics) -> np.ndarray:
     """The night after `day` (module docstring): updates `state` in place; returns each
     user's probability of surviving to the next day [U]."""
     pop = users.population
