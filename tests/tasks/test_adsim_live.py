@@ -82,11 +82,13 @@ def test_the_slow_state_is_invisible_on_day_1_and_costs_later():
     np.testing.assert_array_equal(
         live.daily_value[0], stat.daily_value[0]
     )  # a day-1 A/B sees no difference
-    assert live.daily_value[6].mean() < 0.9 * stat.daily_value[6].mean()
-    # aggressive beats mild on day 1 but loses over 30 days in the live world
+    # aggressive beats mild on day 1 but its daily value falls below mild's within the
+    # week (measured 4.72 vs 2.80 on day 1, 1.47 vs 2.58 on day 7), and over 30 days it is
+    # worth about a third (24.9 vs 71.6 per user)
     mild = run(users, ads, MILD, 30, LIVE)
-    assert live.daily_value[0].mean() > 1.3 * mild.daily_value[0].mean()
-    assert live.value.mean() < 0.9 * mild.value.mean()
+    ratio = live.daily_value.mean(1) / mild.daily_value.mean(1)
+    assert ratio[0] > 1.5 and ratio[6] < 0.7
+    assert live.value.mean() < 0.5 * mild.value.mean()
 
 
 def test_arrivals_drift_and_the_live_mix_moves():
