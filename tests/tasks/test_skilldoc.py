@@ -102,12 +102,12 @@ def test_live_environment_state_survives_a_checkpoint(tmp_path):
             edit = scripted_edit(env.document, np.random.default_rng(day))
             env.deploy(edit, lift=0.01 * (day % 2), index=day)
 
-    first = SkillDocTask(seed=3, users_per_arm=40, eval_users=50)
+    first = SkillDocTask(seed=3, users_per_arm=40, eval_users=50, live_users=600)
     run_days(first, 3)
     torch.save(first.state_dict(), tmp_path / "state.pt")
     state = torch.load(tmp_path / "state.pt", weights_only=True)
 
-    resumed = SkillDocTask(seed=3, users_per_arm=40, eval_users=50)
+    resumed = SkillDocTask(seed=3, users_per_arm=40, eval_users=50, live_users=600)
     resumed.load_state_dict(state)
     a, b = first.env, resumed.env
     assert b.document == a.document and b.day == a.day == 3
@@ -117,6 +117,12 @@ def test_live_environment_state_survives_a_checkpoint(tmp_path):
         np.testing.assert_array_equal(x.pop_values, y.pop_values)
         assert x.control == y.control and x.treatment == y.treatment
     assert resumed.format_prompt({"prompt": "live"}) == first.format_prompt({"prompt": "live"})
+    # the live population replayed to the same day and state (live world, the default)
+    assert a.platform.world == "live" and a.platform.day == b.platform.day == 103
+    np.testing.assert_array_equal(a.platform.live.state.annoy, b.platform.live.state.annoy)
+    np.testing.assert_array_equal(
+        a.platform.live.users.population, b.platform.live.users.population
+    )
 
 
 def test_read_edit_statuses_and_a_cut_edit_is_never_applied():
@@ -141,3 +147,40 @@ def test_token_budget_holds_the_longest_demonstration():
     rng = np.random.default_rng(0)
     for _ in range(200):  # every scripted edit of a random document is in the list
         assert scripted_edit(random_document(rng), rng).text() + "\n" in set(texts)
+
+
+def test_population_sections_set_that_population_s_parameters():
+    """The edit grammar knows the parameters added with the live world: each population's
+    section sets its own ad-load multiplier and reminders; the reserve price is global."""
+    from policyopt.tasks.adsim.params import NAMES
+    from policyopt.tasks.skilldoc.scripted import PHRASES, SECTIONS
+
+    doc = START_DOCUMENT
+    assert doc.names() == list(SECTIONS)
+    for text, name, frac in (
+        ("insert loyal: keep ad load low\n", "ad_load_loyal", 0.25),
+        ("insert loyal: send reminders very high\n", "reminders_loyal", 0.95),
+        ("replace clickers 1: keep ad load very low\n", "ad_load_clickers", 0.05),
+        ("replace ranking 3: set reserve price low\n", "reserve_price", 0.25),
+    ):
+        edit = parse_edit(text, doc)
+        assert edit is not None, text
+        p = RuleAgent()(doc.apply(edit))
+        lo, hi = RANGES[name]
+        assert getattr(p, name) == pytest.approx(lo + frac * (hi - lo)), text
+        # nothing else moved
+        before = RuleAgent()(doc).as_dict()
+        assert {k for k, v in p.as_dict().items() if v != before[k]} <= {name}
+    # a population parameter outside its section, or a global one inside, does nothing
+    agent = RuleAgent()
+    assert agent(doc.apply(parse_edit("insert ads: send reminders high", doc))) == agent(doc)
+    loyal = agent(doc.apply(parse_edit("insert loyal: set quality weight high", doc)))
+    assert loyal == agent(doc)
+    assert set(PHRASES) == set(NAMES)
+    # every whitelisted parameter is reached by some demonstration
+    rng = np.random.default_rng(1)
+    reached = set()
+    for _ in range(400):
+        d = random_document(rng)
+        reached |= {k for k, v in agent(d).as_dict().items() if v != AdParams().as_dict()[k]}
+    assert reached == set(NAMES)

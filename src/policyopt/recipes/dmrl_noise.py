@@ -33,11 +33,13 @@ from policyopt.methods.dmrl.edit_cost import EditCost
 from policyopt.methods.dmrl.lrp_io import load_lrp
 from policyopt.methods.dmrl.reward import Scorer
 from policyopt.recipes import recipe_config
-from policyopt.recipes.dmrl_pipeline import cached_lrp
-from policyopt.tasks.adsim.abtest import AdPlatform
+from policyopt.recipes.dmrl_pipeline import cached_lrp, platform_for
+from policyopt.tasks.adsim.history import burn_in
 from policyopt.tasks.skilldoc.env import SkillEnv
 from policyopt.tasks.skilldoc.rule_agent import RuleAgent
 from policyopt.tasks.skilldoc.scripted import START_DOCUMENT, scripted_edit
+
+FIRST_DAY = 100  # the recipe's first online day (400 offline experiments, 4 per day)
 
 
 def distinct_edits(n: int, seed: int) -> list:
@@ -66,10 +68,15 @@ def noise_and_spread(x: np.ndarray) -> dict[str, float]:
     }
 
 
-def measure(seed: int, edits: int, repeats: int, users: int, lrp_dir: Path) -> dict[str, Any]:
+def measure(
+    options: dict[str, Any], edits: int, repeats: int, users: int, lrp_dir: Path
+) -> dict[str, Any]:
     model, bank = load_lrp(lrp_dir)
-    platform = AdPlatform(seed, users_per_arm=users)
-    env = SkillEnv(platform, first_day=101)
+    seed = int(options["seed"])
+    # the recipe's world; live: the population the history left, living one day per repeat
+    platform = platform_for({**options, "users_per_arm": users})
+    burn_in(platform, FIRST_DAY)
+    env = SkillEnv(platform, first_day=FIRST_DAY)
     scorer = Scorer(str(lrp_dir), model, bank, EditCost())
     cands = [START_DOCUMENT.apply(e) for e in distinct_edits(edits, seed)]
     control = env.control
@@ -90,6 +97,7 @@ def measure(seed: int, edits: int, repeats: int, users: int, lrp_dir: Path) -> d
         new_pred[r] = v[:, 1] / v[0, 0] - 1
         tv = np.array([e.arm_values() for e in multi])
         new_true[r] = tv[:, 1] / tv[0, 0] - 1
+        platform.advance(control)
     return {
         "users_per_arm": users,
         "old_predicted": noise_and_spread(old_pred),
@@ -116,7 +124,7 @@ def main() -> None:
     options["seed"] = args.seed
     cached_lrp(options, out / f"lrp_seed{args.seed}")
     rows = [
-        measure(args.seed, args.edits, args.repeats, u, out / f"lrp_seed{args.seed}")
+        measure(options, args.edits, args.repeats, u, out / f"lrp_seed{args.seed}")
         for u in args.users
     ]
     (out / f"noise_seed{args.seed}.json").write_text(json.dumps(rows, indent=2))

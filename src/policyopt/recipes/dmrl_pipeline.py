@@ -44,7 +44,7 @@ from policyopt.recipes.pipeline import warm_started_policy
 from policyopt.tasks.adsim.abtest import AdPlatform
 from policyopt.tasks.adsim.history import make_history
 from policyopt.tasks.skilldoc.scripted import START_DOCUMENT, edit_token_budget
-from policyopt.tasks.skilldoc.task import DEMO_VERSION
+from policyopt.tasks.skilldoc.task import DEFAULT_LIVE_USERS, DEFAULT_WORLD, DEMO_VERSION
 from policyopt.trainer.config import Config
 from policyopt.trainer.trainer import Trainer
 
@@ -85,9 +85,10 @@ def proposal_summary(log: list[dict[str, Any]], last: int = LAST_STEPS) -> dict[
 def cached_lrp(options: dict[str, Any], out: Path) -> dict[str, float]:
     """`train_and_evaluate_lrp`, cached (atomically) per setting under the policyopt cache:
     the ablation's methods share one seed's LRP, as they share its SFT warm start."""
-    keys = ("seed", "users_per_arm", "history", "lrp")
-    # "labels": version of the simulator's truth (2: causal effect over all users)
-    values = {"labels": 2, **{k: options.get(k) for k in keys}}
+    keys = ("seed", "users_per_arm", "history", "lrp", "world", "live_users")
+    # "labels": version of the simulator's truth (2: causal effect over all users; 3: the
+    # 14 parameters and the live world)
+    values = {"labels": 3, **{k: options.get(k) for k in keys}}
     payload = json.dumps(values, sort_keys=True, default=str)
     cached = cache_dir() / "dmrl_lrp" / hashlib.sha256(payload.encode()).hexdigest()[:16]
     if not (cached / "metrics.json").exists():
@@ -103,10 +104,21 @@ def cached_lrp(options: dict[str, Any], out: Path) -> dict[str, float]:
     return json.loads((cached / "metrics.json").read_text())
 
 
+def platform_for(options: dict[str, Any]) -> AdPlatform:
+    """A fresh platform (day 0) of the task options' seed, arm size and world (the task's
+    defaults: `SkillDocTask`)."""
+    return AdPlatform(
+        int(options.get("seed", 0)),
+        users_per_arm=int(options.get("users_per_arm", 300)),
+        world=str(options.get("world", DEFAULT_WORLD)),
+        live_users=int(options.get("live_users", DEFAULT_LIVE_USERS)),
+    )
+
+
 def train_and_evaluate_lrp(options: dict[str, Any], out: Path) -> dict[str, float]:
     """Steps 1-2: history, LRP vs surrogate on held-out experiments, LRP saved to `out`."""
     seed = int(options.get("seed", 0))
-    platform = AdPlatform(seed, users_per_arm=int(options.get("users_per_arm", 300)))
+    platform = platform_for(options)
     history = make_history(platform, int(options.get("history", 400)), PER_DAY, seed)
     cut = int(len(history) * TRAIN_SHARE)
     train, held_out = history[:cut], history[cut:]
@@ -194,6 +206,7 @@ def run_dmrl_pipeline(config: Config, console: Console | None = None) -> dict[st
         "advantage": config.algorithm.advantage,
         "advantage_options": config.algorithm.advantage_options,
         "seed": config.train.seed,
+        "world": task.platform.world,  # type: ignore[attr-defined]
         "initial_long_term_value": initial,
         "final_long_term_value": task.value(env.document),  # type: ignore[attr-defined]
         "lrp_spearman": lrp["lrp_spearman"],

@@ -39,8 +39,8 @@ from policyopt.methods.dmrl.lrp_train import (
 )
 from policyopt.methods.dmrl.surrogate import SurrogateIndex
 from policyopt.recipes import recipe_config
-from policyopt.recipes.dmrl_pipeline import PER_DAY, TRAIN_SHARE
-from policyopt.tasks.adsim.abtest import POPS, AdPlatform, Experiment
+from policyopt.recipes.dmrl_pipeline import PER_DAY, TRAIN_SHARE, platform_for
+from policyopt.tasks.adsim.abtest import POPS, Experiment
 from policyopt.tasks.adsim.history import make_history
 
 
@@ -55,7 +55,7 @@ def _effects(pred_rows: np.ndarray, weight: np.ndarray) -> np.ndarray:
 
 
 def one_seed(seed: int, history_n: int, lrp_options: dict[str, Any]) -> dict[str, dict]:
-    platform = AdPlatform(seed, users_per_arm=300)
+    platform = platform_for({"seed": seed, "users_per_arm": 300})  # the task's world
     history = make_history(platform, history_n, PER_DAY, seed)
     cut = int(len(history) * TRAIN_SHARE)
     train, held = history[:cut], history[cut:]

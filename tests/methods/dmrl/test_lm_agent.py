@@ -20,7 +20,7 @@ def test_parse_clips_and_defaults():
     assert p.frequency_cap == RANGES["frequency_cap"][1]
     assert p.pacing_rate == pytest.approx(0.7)
     assert p.quality_weight == AdParams().quality_weight
-    assert set(missing) == {"quality_weight", "exploration_rate"}
+    assert set(missing) == set(RANGES) - {"ad_load", "frequency_cap", "pacing_rate"}
 
 
 class ScriptedLM:
@@ -50,11 +50,12 @@ def test_agent_sets_what_the_model_wrote_and_counts_the_parse_rate():
     assert lm.frozen and "keep ad load very high" in lm.prompts[0]  # reads the document
     assert (p.ad_load, p.quality_weight, p.exploration_rate) == pytest.approx((0.07, 0.9, 0.2))
     assert p.pacing_rate == AdParams().pacing_rate
-    assert set(agent.last_missing) == {"pacing_rate", "frequency_cap"}
+    named = {"ad_load", "quality_weight", "exploration_rate"}
+    assert set(agent.last_missing) == set(RANGES) - named
     agent(START_DOCUMENT)  # memoised: greedy decoding of a frozen model
     assert len(lm.prompts) == 1
     assert agent.stats() == {"documents": 1.0, "parse_rate": 0.0, "mean_named": 3.0}
-    lm.text = "ad_load=0.1 quality_weight=0.5 pacing_rate=1 exploration_rate=0 frequency_cap=2"
+    lm.text = " ".join(f"{n}={v}" for n, v in AdParams().as_dict().items())  # all of them
     agent(START_DOCUMENT.apply(Edit("ads", "delete", 0, "")))
     assert agent.stats()["parse_rate"] == 0.5
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from policyopt.recipes import recipe_config
-from policyopt.recipes.dmrl_pipeline import proposal_summary, run_dmrl_pipeline
-from policyopt.tasks.adsim.abtest import AdPlatform
+from policyopt.recipes.dmrl_pipeline import platform_for, proposal_summary, run_dmrl_pipeline
+from policyopt.tasks.adsim.history import burn_in
 from policyopt.tasks.skilldoc.document import parse_document
 from policyopt.tasks.skilldoc.rule_agent import RuleAgent
 from policyopt.tasks.skilldoc.scripted import START_DOCUMENT
@@ -72,7 +72,10 @@ def test_quickstart_dmrl_tiny(tmp_path, monkeypatch):
     summary = run_dmrl_pipeline(config)
     saved = json.loads((out / "summary.json").read_text())
     assert saved == json.loads(json.dumps(summary))
-    platform = AdPlatform(0, users_per_arm=50)
+    # the task's world (live by default): the population the history left, then a snapshot
+    platform = platform_for(config.task.options)
+    burn_in(platform, int(saved["lrp"]["first_online_day"]))
+    assert platform.world == "live" and saved["world"] == "live"
     users = platform.eval_users(100)
     start = platform.value(RuleAgent()(START_DOCUMENT), users)
     assert saved["initial_long_term_value"] == pytest.approx(start)

@@ -7,13 +7,13 @@ For arm a (0 control, 1 treatment) and population p of an experiment:
     ds     s − s0                                              [5]
     dtraj  within-day shape minus the control's: each slot's share of the day's total for
            (items, clicks, revenue), treatment − control       [12]
-    theta  the arm's parameters scaled to [0, 1]               [5]
-    dtheta theta − control's theta (0 for the control arm)     [5]
+    theta  the arm's parameters scaled to [0, 1]               [P = 14]
+    dtheta theta − control's theta (0 for the control arm)     [P]
 
-x_agn = [s, s0, ds, dtraj, theta, dtheta] (37) is what the population-agnostic encoder
-sees; the population-specific encoder also sees [one-hot p, share of p] (5).
+x_agn = [s, s0, ds, dtraj, theta, dtheta] (27 + 2P = 55) is what the population-agnostic
+encoder sees; the population-specific encoder also sees [one-hot p, share of p] (5).
 Memory-bank entries come from matured experiments, one per (experiment, population):
-key = [ds, dtheta, one-hot p, s0] (19) and value = [dtraj, true 7-day effect of p,
+key = [ds, dtheta, one-hot p, s0] (14 + P = 28) and value = [dtraj, true 7-day effect of p,
 control's 7-day value of p] (14), both from the treatment arm; labels in the model's scale.
 """
 
@@ -26,10 +26,12 @@ import torch
 from torch import Tensor
 
 from policyopt.tasks.adsim.abtest import POPS, Experiment
+from policyopt.tasks.adsim.params import NAMES
 
-AGN_DIM = 37
+P = len(NAMES)  # whitelisted parameters
+AGN_DIM = 27 + 2 * P
 SPE_EXTRA = 5
-KEY_DIM = 19
+KEY_DIM = 14 + P
 VALUE_DIM = 14
 
 
@@ -42,7 +44,7 @@ def _shape(traj: np.ndarray) -> np.ndarray:
 class Samples:
     """Rows for the LRP: one per (experiment, arm, population), experiments in order."""
 
-    x_agn: Tensor  # [S, 37]
+    x_agn: Tensor  # [S, AGN_DIM]
     x_spe: Tensor  # [S, 5]
     pop: Tensor  # [S] long
     arm: Tensor  # [S] long
@@ -53,7 +55,7 @@ class Samples:
 
 
 def experiment_rows(e: Experiment) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(x_agn [2·4, 37], x_spe [2·4, 5], y [2·4]) for arms × populations, arm-major."""
+    """(x_agn [2·4, AGN_DIM], x_spe [2·4, 5], y [2·4]) for arms × populations, arm-major."""
     theta0 = e.control.vector()
     agn, spe, ys = [], [], []
     for a, arm in enumerate(e.arms):
@@ -101,7 +103,7 @@ def build_samples(experiments: list[Experiment]) -> Samples:
 class MemoryBank:
     """Matured past experiments, one entry per (experiment, population)."""
 
-    keys: Tensor  # [M, 19]
+    keys: Tensor  # [M, KEY_DIM]
     values: Tensor  # [M, 14]
     matured_day: Tensor  # [M] long: start_day + 7
 
@@ -127,7 +129,7 @@ def build_bank(experiments: list[Experiment], y_mean: float, y_std: float) -> Me
         a, _, _ = experiment_rows(e)
         for p in range(POPS):
             row = a[POPS + p]  # treatment arm, population p
-            ds, dtraj, dtheta, s0 = row[10:15], row[15:27], row[32:37], row[5:10]
+            ds, dtraj, dtheta, s0 = row[10:15], row[15:27], row[27 + P :], row[5:10]
             effect = (e.pop_values[1, p] - e.pop_values[0, p]) / y_std
             control = (e.pop_values[0, p] - y_mean) / y_std
             keys.append(np.concatenate([ds, dtheta, np.eye(POPS)[p], s0]))

@@ -147,6 +147,10 @@ def dmrl_lrp_reward(
     else:
         env.deploy(None, 0.0, 0)
     record["deployed"] = deployed
+    live = env.platform.live
+    if live is not None and live.records:  # the day the live population just lived
+        day = live.records[-1]
+        record["live"] = {k: day[k] for k in ("value", "churned", "sat", "annoy", "habit")}
     if env.eval_users is not None:
         record["deployed_true_value"] = env.true_value(env.document)
     env.log.append(record)

@@ -1,8 +1,12 @@
 """A/B tests on the simulator: control (best configuration so far) vs treatment (candidate).
 
-An experiment draws 2U users from the traffic of its day (population shares drawn around
-41/26/14/19% from a Dirichlet, seeded by the experiment's id), splits them at random between
-the arms, and runs each arm's configuration. What it returns:
+Two worlds (`world`): "stationary" (the first version) and "live". In the stationary world an
+experiment draws 2U fresh users (s = f = 0; population shares drawn around 41/26/14/19%
+from a Dirichlet, seeded by the experiment's id). In the live world it samples 2U of the
+live population's users as they are on its day (`live.py`: their state carries what was
+deployed before, and the mix drifts), and the platform must be at that day: `advance`
+lives one day of the deployed configuration. Either way the users are split at random
+between the arms, and each arm's configuration runs from the users' state. What it returns:
 
 - observed day-1 signals per arm and per population: per-user means of
   SIGNALS = (items, impressions, clicks, conversions, revenue), from Poisson counts around the
@@ -24,12 +28,14 @@ mix), which separate A/B tests with their own users are not.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from policyopt.tasks.adsim.live import LivePopulation
 from policyopt.tasks.adsim.params import AdParams
-from policyopt.tasks.adsim.simulator import SLOTS, DayResult, run, simulate_day
+from policyopt.tasks.adsim.simulator import SLOTS, WORLDS, DayResult, RunResult, run, simulate_day
 from policyopt.tasks.adsim.world import SHARES, Advertisers, Users, make_advertisers, make_users
 
 SIGNALS = ("items", "impressions", "clicks", "conversions", "revenue")
@@ -86,28 +92,83 @@ class Experiment:
         return float(v[1] - v[0])
 
 
-class AdPlatform:
-    """A fixed set of advertisers and the traffic experiments draw users from."""
+WORLD_NAMES = tuple(WORLDS)
 
-    def __init__(self, seed: int = 0, advertisers: int = 20, users_per_arm: int = 400) -> None:
-        self.seed = seed
+
+class AdPlatform:
+    """A fixed set of advertisers and the traffic experiments draw users from (and in the
+    live world, the live population they are drawn from)."""
+
+    def __init__(
+        self,
+        seed: int = 0,
+        advertisers: int = 20,
+        users_per_arm: int = 400,
+        world: str = "stationary",
+        live_users: int = 4000,
+    ) -> None:
+        if world not in WORLDS:
+            raise ValueError(f"ad platform: world must be one of {WORLD_NAMES}, got {world!r}")
+        self.seed, self.world, self.dyn = seed, world, WORLDS[world]
         self.users_per_arm = users_per_arm
         self.ads: Advertisers = make_advertisers(advertisers, np.random.default_rng([seed, 1]))
+        self.live = (
+            LivePopulation(seed, live_users, self.ads, self.dyn) if world == "live" else None
+        )
+
+    @property
+    def day(self) -> int | None:
+        """The live population's day (None in the stationary world)."""
+        return None if self.live is None else self.live.day
+
+    def advance(self, params: AdParams) -> None:
+        """Live one day of `params` on the live population (nothing in the stationary world)."""
+        if self.live is not None:
+            self.live.step(params)
+
+    def advance_to(self, day: int, control_of: Callable[[int], AdParams]) -> None:
+        """Live the days up to `day` (exclusive), day d under `control_of(d)`."""
+        while self.live is not None and self.live.day < day:
+            self.advance(control_of(self.live.day))
+
+    def _check_day(self, start_day: int) -> None:
+        if self.live is not None and self.live.day != start_day:
+            raise ValueError(
+                f"ad platform (live world): an experiment of day {start_day} on a live "
+                f"population at day {self.live.day}; advance the platform to its day first"
+            )
+
+    def _draw(
+        self, n: int, rng: np.random.Generator, shares: np.ndarray
+    ) -> tuple[np.ndarray, Users]:
+        """n users of the day: fresh with `shares` (stationary), else from the live panel
+        (and their own shares)."""
+        if self.live is None:
+            return shares, make_users(n, rng, shares)
+        users = self.live.sample(n, rng)
+        return users.shares(), users
 
     def traffic(self, experiment_id: int) -> tuple[np.ndarray, Users, np.random.Generator]:
         rng = np.random.default_rng([self.seed, 2, experiment_id])
-        shares = rng.dirichlet(SHARES * 40)
-        users = make_users(2 * self.users_per_arm, rng, shares)
+        shares, users = self._draw(2 * self.users_per_arm, rng, rng.dirichlet(SHARES * 40))
         return shares, users, rng
 
     def eval_users(self, n: int = 2000) -> Users:
-        """A fixed held-out user sample (standard shares) to value configurations on."""
-        return make_users(n, np.random.default_rng([self.seed, 3]))
+        """A fixed held-out user sample to value configurations on: fresh users with the
+        standard shares (stationary), or n of the live population's users with their state
+        as it is now (live; a snapshot: later days do not change it)."""
+        rng = np.random.default_rng([self.seed, 3])
+        return make_users(n, rng) if self.live is None else self.live.sample(n, rng)
 
-    def value(self, params: AdParams, users: Users | None = None) -> float:
-        """True mean 7-day value per user of a configuration on `users` (default eval users)."""
+    def value(self, params: AdParams, users: Users | None = None, days: int = HORIZON) -> float:
+        """True mean `days`-day value per user of a configuration on `users` (default eval
+        users), from their state."""
         users = users if users is not None else self.eval_users()
-        return float(run(users, self.ads, params, HORIZON).value.mean())
+        return float(self.run(users, params, days).value.mean())
+
+    def run(self, users: Users, params: AdParams, days: int = HORIZON) -> RunResult:
+        """`simulator.run` in this platform's world."""
+        return run(users, self.ads, params, days, self.dyn)
 
     def ab_test(
         self,
@@ -117,16 +178,16 @@ class AdPlatform:
         treatment: AdParams,
         truth: bool = False,
     ) -> Experiment:
+        self._check_day(start_day)
         shares, users, rng = self.traffic(experiment_id)
         order = rng.permutation(len(users))
         halves = (users.take(order[: self.users_per_arm]), users.take(order[self.users_per_arm :]))
         arms, values = [], []
         for arm_users, params in zip(halves, (control, treatment), strict=True):
-            n = len(arm_users)
-            day1 = simulate_day(arm_users, self.ads, params, np.zeros(n), np.zeros(n))
+            day1 = simulate_day(arm_users, self.ads, params, arm_users.current_state())
             arms.append(observe(day1, arm_users.population, rng))
             if truth:  # the configuration on every user of the experiment (counterfactual)
-                per_user = run(users, self.ads, params, HORIZON).value
+                per_user = self.run(users, params).value
                 values.append(_by_pop(per_user[:, None], users.population)[:, 0])
         return Experiment(
             id=experiment_id,
@@ -147,20 +208,20 @@ class AdPlatform:
         truth: bool = False,
     ) -> list[Experiment]:
         """K treatments against one control in one experiment (module docstring)."""
+        self._check_day(start_day)
         k = len(treatments)
         rng = np.random.default_rng([self.seed, 6, experiment_id])
-        shares = rng.dirichlet(SHARES * 40)
-        users = make_users((k + 1) * self.users_per_arm, rng, shares)
+        n_users = (k + 1) * self.users_per_arm
+        shares, users = self._draw(n_users, rng, rng.dirichlet(SHARES * 40))
         arm_of = stratified_arms(users.population, k + 1, rng)
         configs = [control, *treatments]
         signals, values = [], []
         for a, params in enumerate(configs):
             arm_users = users.take(np.flatnonzero(arm_of == a))
-            n = len(arm_users)
-            day1 = simulate_day(arm_users, self.ads, params, np.zeros(n), np.zeros(n))
+            day1 = simulate_day(arm_users, self.ads, params, arm_users.current_state())
             signals.append(observe(day1, arm_users.population, rng))
             if truth:
-                per_user = run(users, self.ads, params, HORIZON).value
+                per_user = self.run(users, params).value
                 values.append(_by_pop(per_user[:, None], users.population)[:, 0])
         return [
             Experiment(

@@ -8,6 +8,11 @@ scores them, and `deploy` makes the candidate with the best predicted long-term 
 control if that lift exceeds `deploy_margin` (0.5%). The deployed experiment's true 7-day label is computed
 (it matures `HORIZON` days later, when it may enter the LRP's memory bank).
 
+In the live world the platform's live population lives each day under the configuration
+deployed that day (`AdPlatform.advance`, at the end of `deploy`), so tomorrow's A/B tests
+draw users that carry what was deployed before. The platform must be at day `first_day`
+when the environment starts (`history.burn_in`); a resumed environment replays its days.
+
 Environments are kept in `LIVE_ENVIRONMENTS` under a key that the task's rows carry (column
 `env_key`, a fresh uuid per task: two runs in one process never share one), so that a reward
 function, which receives columns only, finds the one its prompts came from. The registry
@@ -121,18 +126,24 @@ class SkillEnv:
         """End the day: deploy `edit` if its predicted lift exceeds `deploy_margin`; True if
         deployed."""
         deployed = edit is not None and lift > self.deploy_margin
+        new = self.document
         if deployed:
             assert edit is not None
             new = self.document.apply(edit)
             self.deployments.append((self.day, index, self.document.render(), new.render()))
             # the accepted experiment, re-run with its true label for the memory bank
             self.experiments.append(self.ab_test(new, index, truth=True))
-            self.document = new
             self.deployed_days.append(self.day)
         if edit is not None:
             self.recent = [*self.recent, Outcome(edit.text(), lift, pop_lifts)][-self.recent_k :]
-        self.day += 1
+        self.end_day(new)
         return deployed
+
+    def end_day(self, tomorrow: SkillDocument) -> None:
+        """Today was lived under the deployed document; `tomorrow` is deployed next."""
+        self.platform.advance(self.control)
+        self.document = tomorrow
+        self.day += 1
 
     def state_dict(self) -> dict[str, Any]:
         """Plain data (checkpoints load with `weights_only=True`): documents as text, the
@@ -146,16 +157,25 @@ class SkillEnv:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replay the saved days on this (fresh) environment: each deployed A/B test re-run
+        on its day with that day's control, and in the live world every day lived."""
+        if self.day != 0 or self.platform.day not in (None, self.first_day):
+            raise ValueError("SkillEnv.load_state_dict: the environment must be fresh (day 0)")
         self.experiments, self.deployed_days, self.deployments = [], [], []
-        for day, index, before, after in state["deployments"]:
-            # Re-run the deployed A/B test on its day, with the control of that day.
-            self.day, self.document = int(day), parse_document(before)
-            new = parse_document(after)
+        deployments = {int(d[0]): d for d in state["deployments"]}
+        first = state["deployments"][0][2] if state["deployments"] else state["document"]
+        self.document = parse_document(first)
+        while self.day < int(state["day"]):
+            if self.day not in deployments:
+                self.end_day(self.document)
+                continue
+            day, index, before, after = deployments[self.day]
+            self.document, new = parse_document(before), parse_document(after)
             self.experiments.append(self.ab_test(new, int(index), truth=True))
             self.deployed_days.append(int(day))
             self.deployments.append((int(day), int(index), before, after))
+            self.end_day(new)
         self.document = parse_document(state["document"])
-        self.day = int(state["day"])
         self.log = list(state.get("log", []))
         self.recent = [
             Outcome(str(r[0]), float(r[1]), tuple(float(x) for x in (r[2] if len(r) > 2 else ())))

@@ -8,7 +8,7 @@ interface as the rule interpreter (`policyopt.tasks.skilldoc.rule_agent.LowerAge
 
 Greedy decoding of a frozen model is a function of the document, so outputs are memoised
 per rendered document. `stats()` gives the parse rate: the share of distinct documents
-whose output named all five parameters, and the mean number named.
+whose output named every whitelisted parameter, and the mean number named.
 """
 
 from __future__ import annotations

@@ -7,9 +7,17 @@ Each rule names a parameter by a phrase and a level:
     pacing_rate       "pac" (pace, pacing)        (fractions of the parameter's range)
     exploration_rate  "explor"
     frequency_cap     "repeat", "frequency"
+    reserve_price     "reserve"
+
+In a section named after a population (`POP_WORDS`: casual, loyal, clickers, core) the
+rules set that population's parameters instead:
+
+    ad_load_<pop>     "ad load"           (a multiplier of the global ad load)
+    reminders_<pop>   "remind"
 
 The last rule in document order that names a parameter and a level sets it; a rule naming
-no known parameter or level does nothing; unset parameters keep `AdParams()` defaults.
+no known parameter or level (or a population parameter outside its section) does nothing;
+unset parameters keep `AdParams()` defaults.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from policyopt.tasks.adsim.params import AdParams
+from policyopt.tasks.adsim.world import POP_WORDS
 from policyopt.tasks.skilldoc.document import SkillDocument
 
 PARAM_WORDS = (
@@ -25,7 +34,10 @@ PARAM_WORDS = (
     ("pacing_rate", ("pac",)),
     ("exploration_rate", ("explor",)),
     ("frequency_cap", ("repeat", "frequency")),
+    ("reserve_price", ("reserve",)),
 )
+# in a population's section: parameter prefix -> its words
+POP_PARAM_WORDS = (("ad_load", ("ad load",)), ("reminders", ("remind",)))
 LEVELS = (("very low", 0.05), ("very high", 0.95), ("low", 0.25), ("medium", 0.5), ("high", 0.75))
 
 
@@ -35,10 +47,14 @@ class LowerAgent(Protocol):
     def __call__(self, doc: SkillDocument) -> AdParams: ...
 
 
-def rule_setting(rule: str) -> tuple[str, float] | None:
-    """(parameter, fraction of its range) a rule sets, or None."""
+def rule_setting(rule: str, section: str = "") -> tuple[str, float] | None:
+    """(parameter, fraction of its range) a rule of `section` sets, or None."""
     text = rule.lower()
-    param = next((p for p, words in PARAM_WORDS if any(w in text for w in words)), None)
+    if section in POP_WORDS:
+        prefix = next((p for p, words in POP_PARAM_WORDS if any(w in text for w in words)), None)
+        param = None if prefix is None else f"{prefix}_{section}"
+    else:
+        param = next((p for p, words in PARAM_WORDS if any(w in text for w in words)), None)
     level = next((f for word, f in LEVELS if word in text), None)
     if param is None or level is None:
         return None
@@ -50,8 +66,8 @@ class RuleAgent:
 
     def __call__(self, doc: SkillDocument) -> AdParams:
         fractions: dict[str, float] = {}
-        for _, rule in doc.all_rules():
-            setting = rule_setting(rule)
+        for section, rule in doc.all_rules():
+            setting = rule_setting(rule, section)
             if setting is not None:
                 fractions[setting[0]] = setting[1]
         return AdParams.from_fractions(fractions)

@@ -2,7 +2,8 @@
 
 The scripted editor writes the demonstrations the LM editor is warm-started on (SFT): it
 picks a parameter and a level at random and replaces that parameter's rule in its section,
-deletes it, or inserts one. It knows the format, not what is good: which edits raise the
+deletes it, or inserts one. Each population has a section of its own (`POP_WORDS`) whose
+rules set its per-population parameters (ad load multiplier, reminders). It knows the format, not what is good: which edits raise the
 long-term value is left for RL to find.
 """
 
@@ -10,25 +11,41 @@ from __future__ import annotations
 
 import numpy as np
 
+from policyopt.tasks.adsim.params import NAMES
+from policyopt.tasks.adsim.world import POP_WORDS
 from policyopt.tasks.skilldoc.document import MAX_RULES_PER_SECTION, Edit, SkillDocument
 from policyopt.tasks.skilldoc.rule_agent import rule_setting
 
+SECTIONS = ("ads", "ranking", "budget", *POP_WORDS)
 # parameter -> (section, phrase of its rules)
 PHRASES = {
     "ad_load": ("ads", "keep ad load"),
     "frequency_cap": ("ads", "cap repeated ads"),
     "quality_weight": ("ranking", "set quality weight"),
     "exploration_rate": ("ranking", "explore new ads"),
+    "reserve_price": ("ranking", "set reserve price"),
     "pacing_rate": ("budget", "pace budgets"),
+    **{f"ad_load_{w}": (w, "keep ad load") for w in POP_WORDS},
+    **{f"reminders_{w}": (w, "send reminders") for w in POP_WORDS},
 }
+assert set(PHRASES) == set(NAMES), "every whitelisted parameter needs a phrase"
 LEVEL_WORDS = ("very low", "low", "medium", "high", "very high")
 
-# A revenue-first start: many ads, ranked by bid, repeated often, budgets spent fast.
+# A revenue-first start: many ads, ranked by bid with a high reserve, repeated often,
+# budgets spent fast, reminders for casual and core users, more ads for clickers.
 START_DOCUMENT = SkillDocument.from_dict(
     {
         "ads": ["keep ad load very high", "cap repeated ads very high"],
-        "ranking": ["set quality weight very low", "explore new ads medium"],
+        "ranking": [
+            "set quality weight very low",
+            "explore new ads medium",
+            "set reserve price high",
+        ],
         "budget": ["pace budgets very high"],
+        "casual": ["send reminders high"],
+        "loyal": [],
+        "clickers": ["keep ad load very high"],
+        "core": ["send reminders medium"],
     }
 )
 
@@ -40,7 +57,7 @@ def rule_text(param: str, level: str) -> str:
 def random_document(rng: np.random.Generator) -> SkillDocument:
     """A document with one rule per parameter (each present with probability 0.8) at
     random levels: the states warm-start demonstrations are written for."""
-    sections: dict[str, list[str]] = {"ads": [], "ranking": [], "budget": []}
+    sections: dict[str, list[str]] = {s: [] for s in SECTIONS}
     for param, (section, _) in PHRASES.items():
         if rng.uniform() < 0.8:
             sections[section].append(rule_text(param, str(rng.choice(LEVEL_WORDS))))
@@ -75,7 +92,7 @@ def scripted_edit(doc: SkillDocument, rng: np.random.Generator) -> Edit:
     param = str(rng.choice(list(PHRASES)))
     section, _ = PHRASES[param]
     rules = doc.rules(section)
-    where = [i for i, r in enumerate(rules) if (rule_setting(r) or ("",))[0] == param]
+    where = [i for i, r in enumerate(rules) if (rule_setting(r, section) or ("",))[0] == param]
     level = str(rng.choice(LEVEL_WORDS))
     if where and rng.uniform() < 0.85:
         i = where[-1]

@@ -12,6 +12,12 @@ deployed one on the platform's held-out evaluation users (the simulator's expect
 LRP), None for a malformed or truncated edit (`read_edit`): what the LRP's reward stands in
 for.
 
+`world`: "live" (the default: user state carried across days on a live population whose
+mix drifts, `tasks/adsim/live.py`; the population is first brought to `first_day` under the
+offline history's schedule) or "stationary" (the first version: every experiment's users
+start fresh). In the live world the evaluation users are a snapshot of the live population
+at `first_day`, so that the true values of all days are on the same users and state.
+
 `lower_agent`: "rule" (the keyword interpreter, the fast default) or "lm" (`LMAgent`, a
 frozen causal LM, `lm_agent_model`, default SmolLM2-135M-Instruct, greedy; its outputs are
 memoised per document, and its parse rate is counted on the agent).
@@ -25,7 +31,8 @@ from typing import Any
 import datasets
 import numpy as np
 
-from policyopt.tasks.adsim.abtest import AdPlatform
+from policyopt.tasks.adsim.abtest import WORLD_NAMES, AdPlatform
+from policyopt.tasks.adsim.history import burn_in
 from policyopt.tasks.base import TASKS, Task
 from policyopt.tasks.skilldoc.document import SkillDocument, parse_document, read_edit
 from policyopt.tasks.skilldoc.env import LIVE_ENVIRONMENTS, Outcome, SkillEnv, render_prompt
@@ -34,9 +41,12 @@ from policyopt.tasks.skilldoc.scripted import random_document, scripted_edit
 
 LOWER_AGENTS = ("rule", "lm")
 # Version of the demonstrations' format, an option so that it enters the SFT cache key
-# (which hashes the task options): 2 = newline-terminated edits, per-population lifts.
-DEMO_VERSION = 2
+# (which hashes the task options): 2 = newline-terminated edits, per-population lifts;
+# 3 = population sections and the parameters added with the live world.
+DEMO_VERSION = 3
 DEFAULT_LM_AGENT = "HuggingFaceTB/SmolLM2-135M-Instruct"
+DEFAULT_WORLD = "live"
+DEFAULT_LIVE_USERS = 4000
 
 
 def make_lower_agent(kind: str, model: str = DEFAULT_LM_AGENT) -> LowerAgent:
@@ -83,6 +93,8 @@ class SkillDocTask(Task):
         lm_agent_model: str = DEFAULT_LM_AGENT,
         token_margin: int = 8,
         demo_version: int = DEMO_VERSION,
+        world: str = DEFAULT_WORLD,
+        live_users: int = DEFAULT_LIVE_USERS,
     ) -> None:
         """history, lrp: the offline experiments the LRP is trained on before RL, and the
         LRP's training settings (`LRPTrainConfig` fields); used by the dmrl pipeline.
@@ -102,12 +114,19 @@ class SkillDocTask(Task):
                 f"dmrl_skill: task.options.demo_version={demo_version}: this version writes "
                 f"demonstrations of format {DEMO_VERSION} only"
             )
+        if world not in WORLD_NAMES:
+            raise ValueError(
+                f"dmrl_skill: task.options.world must be one of {WORLD_NAMES}, got {world!r}"
+            )
         self.token_margin = int(token_margin)
         self.mode, self.seed = mode, seed
         self.sizes = {"train": train_size, "eval": eval_size}
         self.history, self.lrp_options = history, dict(lrp or {})
         self.lrp_path, self.risk_weights, self.eta = lrp_path, risk_weights or {}, eta
-        self.platform = AdPlatform(seed, users_per_arm=users_per_arm)
+        self.platform = AdPlatform(
+            seed, users_per_arm=users_per_arm, world=world, live_users=live_users
+        )
+        burn_in(self.platform, first_day)  # live world: the population the history left
         # lrp_path, risk_weights and eta are read by the dmrl_lrp reward function
         self.eval_users = self.platform.eval_users(eval_users)
         self.env = SkillEnv(
