@@ -1,8 +1,9 @@
 """The import graph of `policyopt`, built from the source with `ast`: every import counts
 (top level, inside functions, under `if TYPE_CHECKING:`). No module imports itself back
-through others (no cycle), and imports flow down DESIGN.md's layers: cli and recipes ->
+through others (no cycle), and imports flow down DESIGN.md's layers: cli, bench and recipes ->
 trainer -> methods -> rollout / rewards / tasks / models -> core; within the third layer,
-tasks -> rewards -> rollout -> models."""
+tasks -> rewards -> rollout -> models. Benchmark code (`policyopt.bench`) is imported by the
+cli only."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ PACKAGE = "policyopt"
 # Rank of each top-level subpackage: an import may go to an equal or higher rank only.
 LAYERS = {
     "cli": 0,
+    "bench": 0,
     "recipes": 0,
     "trainer": 1,
     "methods": 2,
@@ -23,8 +25,10 @@ LAYERS = {
     "models": 6,
     "core": 7,
 }
-# cli may use recipes; recipes never cli (the same rank, one way).
-SAME_RANK_ORDER = [("cli", "recipes")]
+# cli may use recipes and bench; neither uses cli (the same rank, one way).
+SAME_RANK_ORDER = [("cli", "recipes"), ("cli", "bench")]
+# The only packages that may import benchmark code.
+BENCH_USERS = {"cli", "bench"}
 
 
 def module_name(path: Path) -> str:
@@ -121,6 +125,16 @@ def upward(g: dict[str, set[str]]) -> list[str]:
     return bad
 
 
+def bench_imports(g: dict[str, set[str]]) -> list[str]:
+    """Imports of `policyopt.bench` from outside the cli (library code never runs a bench)."""
+    return [
+        f"{src} -> {dst}"
+        for src, targets in sorted(g.items())
+        for dst in sorted(targets)
+        if layer(dst) == "bench" and layer(src) not in BENCH_USERS
+    ]
+
+
 def package_cycles(g: dict[str, set[str]]) -> list[list[str]]:
     """Cycles between top-level subpackages (e.g. rewards <-> tasks)."""
     pkg: dict[str, set[str]] = {p: set() for p in LAYERS}
@@ -151,8 +165,18 @@ def test_imports_flow_down_the_layers():
     assert upward(graph()) == []
 
 
+def test_only_the_cli_imports_bench_code():
+    assert bench_imports(graph()) == []
+
+
 def test_the_checks_can_fail():
     g = {"policyopt.core.a": {"policyopt.trainer.b"}, "policyopt.trainer.b": {"policyopt.core.a"}}
     assert cycles(g) == [["policyopt.core.a", "policyopt.trainer.b"]]
     assert upward(g) == ["policyopt.core.a -> policyopt.trainer.b"]
     assert package_cycles(g) == [["core", "trainer"]]
+    g = {"policyopt.models.x": {"policyopt.bench.y"}, "policyopt.cli.z": {"policyopt.bench.y"}}
+    g["policyopt.recipes.w"] = {"policyopt.bench.y"}
+    assert bench_imports(g) == [
+        "policyopt.models.x -> policyopt.bench.y",
+        "policyopt.recipes.w -> policyopt.bench.y",
+    ]

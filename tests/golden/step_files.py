@@ -1,24 +1,40 @@
 """Which policyopt source files one training step runs, from `Trainer.train_step` to the
-first `optimizer.step()`: `python tests/golden/step_files.py [grpo|hispo|...]`.
+first `optimizer.step()`: `python tests/golden/step_files.py [grpo dapo hispo ...]`.
 
-A profile hook records the file of every policyopt function called in between. Printed:
-every file (and how many), and the call edges between packages' files, so that the walk a
-reader follows (the files whose functions the step calls) can be read off. Works on any
-version of the trainer that has `Trainer.train_step` (it measured the step before and after
-the issue-18 refactor)."""
+A profile hook records the file of every policyopt function called in between. Two counts:
+
+(a) run: every file with a function that runs inside the step, in first-call order. This
+    includes what no reader of the step needs to open: the engine's sampling internals
+    (`rollout/hf_engine.py`, `llama_step.py`, `sampling.py`), the task's verifier and prompt
+    format, the core math under a loss (`core/aggregation.py`), the log-prob kernels
+    (`models/logprobs.py`), diagnostics.
+(b) walk: the files a reader follows to see what the step does, the step's orchestration:
+    the trainer-layer files (`trainer/*.py`) through which control passes, plus one file per
+    plug point the step calls (DESIGN.md's five): where the bound rollout strategy, the
+    reward pipeline, each shaper, each group filter, the advantage estimator and the policy
+    loss are defined (`Trainer.parts`). Below a plug point's entry a reader is reading that
+    part, not the step.
+
+Also printed: the length of `trainer/step.py:train_step`, and every call from another
+trainer-layer file back into `trainer/step.py` (a callback: control leaving the step's
+function and coming back through another file). Works on any version of the trainer that
+has `Trainer.train_step` (it measured the step before and after the issue-18 refactor;
+(b) needs `Trainer.parts`, which the refactor introduced)."""
 
 from __future__ import annotations
 
+import inspect
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from run_configs import small_overrides  # noqa: E402
 
 
-def walk(algo: str) -> tuple[list[str], set[tuple[str, str]]]:
+def _trainer(algo: str) -> Any:
     import torch
 
     from policyopt.trainer.config import load_config
@@ -27,65 +43,121 @@ def walk(algo: str) -> tuple[list[str], set[tuple[str, str]]]:
     torch.set_num_threads(1)
     out = tempfile.mkdtemp()
     extra = ["rollout.annotators=[{name: hispo_segments}]"] if algo == "hispo" else []
-    trainer = Trainer(
+    return Trainer(
         load_config(overrides=[*small_overrides(Path(out), 1), f"algorithm.name={algo}", *extra])
     )
-    root = str(Path(sys.modules["policyopt"].__file__).parent)
+
+
+def _root() -> str:
+    return str(Path(sys.modules["policyopt"].__file__).parent)
+
+
+def _rel(path: str | None) -> str | None:
+    root = _root()
+    return path[len(root) + 1 :] if path and path.startswith(root) else None
+
+
+def run_files(trainer: Any) -> tuple[list[str], set[tuple[str, str]]]:
+    """(a): the files whose functions run in one step, in first-call order, and the call
+    edges (caller file, callee file) between them."""
     files: list[str] = []
     edges: set[tuple[str, str]] = set()
     state = {"on": False, "done": False}
-
-    def rel(path: str) -> str | None:
-        return path[len(root) + 1 :] if path.startswith(root) else None
 
     def hook(frame, event, arg):  # noqa: ANN001, ANN202
         if event != "call" or state["done"]:
             return
         code = frame.f_code
-        if code.co_name == "train_step" and rel(code.co_filename) == "trainer/trainer.py":
+        if code.co_name == "train_step" and _rel(code.co_filename) == "trainer/trainer.py":
             state["on"] = True
         if not state["on"]:
             return
         if code.co_name == "step" and "torch/optim" in code.co_filename:
             state["done"] = True  # the first optimizer.step()
             return
-        here = rel(code.co_filename)
+        here = _rel(code.co_filename)
         if here is None:
             return
         if here not in files:
             files.append(here)
         caller = frame.f_back
-        while caller is not None and rel(caller.f_code.co_filename) is None:
+        while caller is not None and _rel(caller.f_code.co_filename) is None:
             caller = caller.f_back
-        if caller is not None and rel(caller.f_code.co_filename) != here:
-            edges.add((rel(caller.f_code.co_filename), here))
+        if caller is not None and _rel(caller.f_code.co_filename) != here:
+            edges.add((_rel(caller.f_code.co_filename), here))
 
     sys.setprofile(hook)
     try:
         trainer.train_step()
     finally:
         sys.setprofile(None)
-        trainer.close()
     return files, edges
 
 
-if __name__ == "__main__":
-    files, edges = walk(sys.argv[1] if len(sys.argv) > 1 else "grpo")
-    print(f"{len(files)} policyopt files run inside the step (first call order):")
+def plug_point_files(trainer: Any) -> list[tuple[str, str]]:
+    """(plug point, file defining the bound part the step calls), in the step's order."""
+    parts = trainer.parts
+
+    def where(obj: Any) -> str:
+        fn = inspect.unwrap(obj)
+        fn = getattr(fn, "func", fn)  # a functools.partial
+        return _rel(inspect.getsourcefile(fn if callable(fn) else type(fn))) or "?"
+
+    out = [("1 rollout strategy", where(parts.strategy.fn))]
+    out += [(f"1 annotator {a.name}", where(a.fn)) for a in parts.annotators]
+    out.append(("2a reward pipeline", where(type(parts.reward))))
+    out += [(f"2b shaper {p.name}", where(p.fn)) for p, _ in parts.shapers]
+    out += [("3 group filter", where(f)) for f in parts.filters]
+    out.append(("4 advantage estimator", where(parts.advantage.fn)))
+    out.append(("5 policy loss", where(parts.loss.fn)))
+    return out
+
+
+def walk(trainer: Any, files: list[str]) -> list[str]:
+    """(b): the trainer-layer files of (a), then each plug point's file (once each)."""
+    out = [f for f in files if f.startswith("trainer/")]
+    for _, f in plug_point_files(trainer):
+        if f not in out:
+            out.append(f)
+    return out
+
+
+def report(algo: str) -> None:
+    trainer = _trainer(algo)
+    try:
+        files, edges = run_files(trainer)
+    finally:
+        trainer.close()
+    print(f"== {algo}")
+    print(f"(a) {len(files)} policyopt files run inside the step (first-call order):")
     for f in files:
-        print("  ", f)
-    trainer_files = [f for f in files if f.startswith("trainer/")]
-    print(f"{len(trainer_files)} of them in trainer/: {', '.join(trainer_files)}")
-    for name in (
-        "trainer/trainer.py",
-        "trainer/step.py",
-        "trainer/rollout_phase.py",
-        "trainer/update.py",
-    ):
-        called = sorted({b for a, b in edges if a == name})
-        if called:
-            print(f"{name} calls into {len(called)} files: {', '.join(called)}")
+        print("     ", f)
+    if hasattr(trainer, "parts"):
+        path = walk(trainer, files)
+        print(f"(b) the walk, {len(path)} files: the trainer-layer files, then the plug points:")
+        for f in path:
+            if f.startswith("trainer/"):
+                print("     ", f)
+        for point, f in plug_point_files(trainer):
+            print(f"      {f}  ({point})")
+    else:
+        print("(b) n/a: this version has no Trainer.parts")
+    step = sys.modules.get("policyopt.trainer.step")
+    if step is not None and hasattr(step, "train_step"):
+        lines, _ = inspect.getsourcelines(step.train_step)
+        print(f"trainer/step.py:train_step is {len(lines)} lines")
+    back = sorted(
+        (a, b)
+        for a, b in edges
+        if b == "trainer/step.py" and a.startswith("trainer/") and a != "trainer/trainer.py"
+    )
+    print("callbacks into trainer/step.py:", ", ".join(f"{a} -> {b}" for a, b in back) or "none")
     crossings = sorted(
         {(a, b) for a, b in edges if a.startswith("trainer/") and b.startswith("trainer/")}
     )
     print("calls between trainer/ files:", ", ".join(f"{a} -> {b}" for a, b in crossings))
+
+
+if __name__ == "__main__":
+    for name in sys.argv[1:] or ["grpo"]:
+        report(name)

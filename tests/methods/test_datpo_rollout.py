@@ -340,13 +340,3 @@ def test_two_steps_through_the_trainer(tmp_path):
     assert [r["datpo/diversity_coef"] for r in records] == pytest.approx([0.2, 0.0])
     assert all(8 < r["leaves"] <= 2 * 4 * (1 + 2 * 4) for r in records)
     assert all(r["generated_tokens"] < r["leaves"] * r["response_length/mean"] for r in records)
-
-
-def test_cache_bench_times_both_arms_on_the_same_forks():
-    from policyopt.methods.datpo.cache_bench import run
-
-    out = run("tiny", prompts=1, n_base=2, forks=1, branches=2, max_new_tokens=8, rounds=1, seed=0)
-    assert out["generated_tokens"]["reuse"] == out["generated_tokens"]["recompute"] > 0
-    assert out["tokens_fed_at_forks"]["reuse"] == out["forks"] >= 1
-    assert out["prefix_tokens_prefilled"]["recompute"] > out["forks"]
-    assert out["cpu_ratio_recompute_over_reuse"] > 0

@@ -4,7 +4,7 @@ Run alone (`python dist_worker.py OUT`): the single-process reference. Under tor
 processes: the same global batch split by whole groups over the ranks, once under DDP and
 once under FSDP2. Rank 0 writes, per scenario, the loss, the grad norm and the gradients
 each optimizer step saw (full tensors), to OUT/<mode>.pt; it also checks that the advantages
-computed from each rank's rewards with `global_advantages` equal the global batch's.
+computed from each rank's rewards with `global_rows` equal the global batch's.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from policyopt.models.loading import load_model
 from policyopt.rollout.base import Rollouts
 from policyopt.trainer.batch import Batch
 from policyopt.trainer.config import Config
-from policyopt.trainer.distributed import Dist, global_advantages, setup, wrap_policy
+from policyopt.trainer.distributed import Dist, global_rows, setup, wrap_policy
 from policyopt.trainer.parts import bound_loss
 from policyopt.trainer.update import Optimization, update
 
@@ -158,7 +158,8 @@ def check_global_advantages(dist: Dist) -> None:
             return compute_advantages(name, r, g, **options)
 
         rewards = batch.rewards["total"]
-        local = global_advantages(dist, estimate, rewards[rows], batch.group_ids[rows])
+        all_rewards, all_ids, mine = global_rows(dist, rewards[rows], batch.group_ids[rows])
+        local = estimate(all_rewards, all_ids)[mine]
         whole = estimate(rewards, batch.group_ids)[rows]
         torch.testing.assert_close(local, whole, atol=1e-6, rtol=0)
 

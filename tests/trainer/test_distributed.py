@@ -88,7 +88,7 @@ def test_two_processes_equal_one_on_the_same_global_batch(tmp_path: Path) -> Non
     off-policy, with clipping) equal the single-process run's, under DDP and FSDP2, for
     every aggregation mode, GSPO and the KL term; rank 0 holds 6 rows, rank 1 only 4 (the
     micro-batch replay keeps the collectives in step). The worker also checks REINFORCE++'s
-    global batch statistics through `global_advantages`."""
+    global batch statistics through `global_rows`."""
     worker = str(HERE / "dist_worker.py")
     single = subprocess.run(
         [sys.executable, worker, str(tmp_path)],

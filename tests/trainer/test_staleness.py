@@ -1,31 +1,38 @@
 """Stale rollouts: the FIFO's versions by hand, and in the trainer k = 0 is the on-policy
 step while k > 0 trains on the stored older rollouts with their sampling log-probs."""
 
-import pytest
+from collections import deque
+from types import SimpleNamespace
 
-from policyopt.trainer.staleness import StaleQueue
+from policyopt.trainer import step as step_module
+from policyopt.trainer.distributed import Dist
 
 
-def test_fifo_versions_by_hand():
+def test_fifo_versions_by_hand(monkeypatch):
+    """The step's FIFO (`StepState.stale`): with k = 2 step 0 samples 3 batches (2 fill the
+    FIFO), every later step 1, and step t trains on the batch of step t - min(t, 2)."""
     sampled = []
 
-    def sample_at(step):
-        def sample():
-            sampled.append(step)
-            return f"batch sampled at {step}"
+    def sample(parts, state, times):
+        sampled.append(state.step)
+        return None, {}  # no group kept: the step skips its update
 
-        return sample
+    monkeypatch.setattr(step_module, "sample", sample)
 
-    queue = StaleQueue(2)
-    got = [queue.exchange(step, sample_at(step)) for step in range(5)]
-    # Step 0 fills the FIFO with 2 batches of the initial policy, then samples its own.
+    def run(k, steps):
+        state = SimpleNamespace(step=0, stale=deque(), dist=Dist())
+        versions = []
+        for t in range(steps):
+            state.step = t
+            _, metrics = step_module.train_step(SimpleNamespace(staleness=k), state)
+            versions.append(t - metrics["mech/staleness"])
+        return versions, [v for v, _ in state.stale]
+
+    versions, left = run(2, 5)
     assert sampled == [0, 0, 0, 1, 2, 3, 4]
-    assert [v for _, v in got] == [0, 0, 0, 1, 2]  # staleness min(t, 2): 0, 1, 2, 2, 2
-    assert got[3][0] == "batch sampled at 1" and len(queue) == 2
-    fresh = StaleQueue(0)
-    assert [fresh.exchange(s, sample_at(s))[1] for s in range(3)] == [0, 1, 2]
-    with pytest.raises(ValueError, match="rollout.staleness must be >= 0"):
-        StaleQueue(-1)
+    assert versions == [0, 0, 0, 1, 2] and left == [3, 4]  # staleness 0, 1, 2, 2, 2
+    sampled.clear()
+    assert run(0, 3) == ([0, 1, 2], []) and sampled == [0, 1, 2]
 
 
 def run_with_captured_batches(tmp_path, monkeypatch, name, extra):

@@ -28,7 +28,7 @@ whose cost depends on correct rollouts (GAR) need a trained start: the report's
 default (the embedded arithmetic task, as in the recipes) unless an override sets it.
 
 `--background-load N` runs the same bench a second time with N competing CPU-bound
-processes (`policyopt.cli.background_load`: a torch matmul loop on `--load-threads`
+processes (`policyopt.bench.background_load`: a torch matmul loop on `--load-threads`
 threads each, torch's default spinning OpenMP pool) that the bench starts and stops itself
 (also on an error or Ctrl-C); the report holds the quiet run and, under `background_load`,
 the loaded one beside it, with the ratios to TRL of both.
@@ -234,8 +234,8 @@ def time_policyopt(
 ) -> dict[str, dict[str, Any]]:
     """Per method: median step time and the rest of `summarize`, steps interleaved; with
     `ci_width`, rounds repeated until the paired ratios' 95% intervals are that narrow
-    (`bench_stats.repeat_until_narrow`), the intervals under "interval"."""
-    from policyopt.cli.bench_stats import repeat_until_narrow
+    (`policyopt.bench.stats.repeat_until_narrow`), the intervals under "interval"."""
+    from policyopt.bench.stats import repeat_until_narrow
 
     rounds = max_rounds if ci_width is not None else steps
     arms = PolicyoptArms(algos, settings, rounds, overrides)
@@ -278,7 +278,7 @@ def time_with_trl(
     TRL step (timed on its own), one round of the policyopt arms runs, on their own RNG
     states (TRL's is put back after it), so that the ratio to TRL is taken under the same
     load, not minutes apart."""
-    from policyopt.cli.bench_trl import time_trl
+    from policyopt.bench.trl import time_trl
 
     arms = PolicyoptArms(algos, settings, steps, overrides)
     try:
@@ -319,7 +319,7 @@ def summarize(records: list[dict[str, float]]) -> dict[str, Any]:
 def run_bench(args: argparse.Namespace) -> int:
     # Under torchrun (arms with train.parallel=ddp|fsdp2) every rank runs the arms; rank 0
     # reports, step times being the slowest rank's.
-    from policyopt.cli.background_load import BackgroundLoad
+    from policyopt.bench.background_load import BackgroundLoad
 
     console = Console(quiet=int(os.environ.get("RANK", "0")) > 0)
     if args.ci_width is not None and args.against == "trl":
@@ -346,7 +346,7 @@ def run_bench(args: argparse.Namespace) -> int:
             **loaded,
         }
     if args.memory:
-        from policyopt.models.memory_bench import head_memory_benchmark
+        from policyopt.bench.head_memory import head_memory_benchmark
 
         report["lm_head_memory"] = head_memory_benchmark()
     text = json.dumps(report, indent=2)

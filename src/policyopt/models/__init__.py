@@ -24,7 +24,6 @@ _EXPORTS = {
     "apply_lora": "lora",
     "merge_lora": "lora",
     "disabled_adapter": "lora",
-    "head_memory_benchmark": "memory_bench",
 }
 __all__ = [
     "LogProbOutput",
@@ -33,7 +32,6 @@ __all__ = [
     "build_tiny_model",
     "chunked_head_logprobs",
     "disabled_adapter",
-    "head_memory_benchmark",
     "load_model",
     "load_tokenizer",
     "merge_lora",
@@ -54,7 +52,6 @@ if TYPE_CHECKING:
         response_logprobs,
     )
     from policyopt.models.lora import apply_lora, disabled_adapter, merge_lora
-    from policyopt.models.memory_bench import head_memory_benchmark
     from policyopt.models.tiny import build_char_tokenizer, build_tiny_model, tiny_model_path
 
 

@@ -120,6 +120,11 @@ class PLRanker(nn.Module):
             {k: v.contiguous() for k, v in self.state_dict().items()}, folder / "model.safetensors"
         )
 
+    @staticmethod
+    def is_checkpoint(folder: str | Path) -> bool:
+        """Whether `folder` holds a saved ranking policy (`save_pretrained`)."""
+        return (Path(folder) / "ranker_config.json").is_file()
+
     @classmethod
     def from_pretrained(cls, folder: str | Path) -> PLRanker:
         folder = Path(folder)

@@ -24,8 +24,9 @@ possibly several times per training step (dynamic sampling): it must advance its
 most once per `ctx.step`.
 
 Declared structure (`policyopt.core.structure`): a shaper whose factory is marked
-`@needs(name)` reads the value as `ctx.structure[name]` (the trainer checks it is there
-before calling the shaper, and names the part that should have produced it otherwise); one
+`@needs(name)` reads the value as `ctx.structure[name]` (the config check makes sure a part
+that runs earlier declares it, naming the parts that would otherwise, and every producer
+is checked at run time to have made what it declares); one
 marked `@produces(name)` adds its values with `ctx.add_structure({name: tensor})` ([N] per
 rollout or [N, R] per token) or `ctx.add_structure({name: tensor}, pairwise=True)` ([N, N];
 e.g. distances computed from parsed rankings and `ctx.group_ids`). They join the step's

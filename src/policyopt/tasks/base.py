@@ -36,6 +36,11 @@ class Task(ABC):
     # and the DMRL editor (its pipeline makes its own warm start). `policyopt train` warns
     # about the untrained embedded model on every other task.
     random_start: bool = False
+    # The kind of policy the task trains (`trainer.policy`): "lm", a causal LM over the prompt
+    # text, or "ranking", a Plackett-Luce scorer over the task's item table
+    # (`tasks.ranking.RankingTask`: its prompts are item ids). `model.name_or_path` names a
+    # policy of this kind.
+    policy: str = "lm"
     # The quickstart pipeline of this task's recipes: "rl" (recipes/pipeline.py: SFT, RL,
     # held-out evaluation) or "dmrl" (recipes/dmrl_pipeline.py: the long-term predictor,
     # the editor's warm start, DRPO and the deployments).

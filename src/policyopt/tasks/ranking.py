@@ -34,7 +34,8 @@ class RankingTask(Task):
 
     answer_column = "labels"
     solution_column = None
-    random_start = True  # a Plackett-Luce scorer initialised from the run's seed
+    policy = "ranking"  # a Plackett-Luce scorer of `item_features` (`models.ranker`)
+    random_start = True  # initialised from the run's seed
 
     def __init__(
         self, splits: dict[str, list[LetorQuery]], k: int = 10, max_train_queries: int = 0

@@ -400,20 +400,21 @@ class MetricPool:
 
 
 # ---------------------------------------------------------------- global statistics
-def global_advantages(
-    dist: Dist, compute: Any, rewards: torch.Tensor, group_ids: torch.Tensor
-) -> torch.Tensor:
-    """`compute(rewards, group_ids)` over the GLOBAL batch, this rank's rows returned.
+def global_rows(
+    dist: Dist, rewards: torch.Tensor, group_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, slice]:
+    """The GLOBAL batch's rewards and group ids, and which of its rows are this rank's: an
+    advantage estimator run on them sees batch statistics of every rank's rows.
 
-    Rewards and group ids of all ranks are gathered; a rank's ids are made distinct from
-    other ranks' (id·W + r) since groups never span ranks."""
+    A rank's ids are made distinct from other ranks' (id·W + r), since groups never span
+    ranks. Without data parallelism: the arguments and every row."""
     if not dist.active:
-        return compute(rewards, group_ids)
+        return rewards, group_ids, slice(None)
     parts = dist.gather((rewards, group_ids))
     all_rewards = torch.cat([r for r, _ in parts])
     all_ids = torch.cat([g.long() * dist.world + r for r, (_, g) in enumerate(parts)])
     start = sum(len(r) for r, _ in parts[: dist.rank])
-    return compute(all_rewards, all_ids)[start : start + len(rewards)]
+    return all_rewards, all_ids, slice(start, start + len(rewards))
 
 
 def reduce_metrics(dist: Dist, metrics: dict[str, float]) -> dict[str, float]:

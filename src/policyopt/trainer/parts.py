@@ -59,6 +59,7 @@ class Parts:
     group_size: int
     prompts_per_step: int
     chat_template: bool
+    staleness: int  # train on the batch sampled this many steps earlier (trainer/step.py)
     # 2. rewards: the verifier pipeline, the task function's name and weight, the shapers
     reward: RewardPipeline
     task_function: str
@@ -151,6 +152,7 @@ def build_parts(config: Config) -> Parts:
         group_size=ro.group_size,
         prompts_per_step=ro.prompts_per_step,
         chat_template=config.model.chat_template,
+        staleness=ro.staleness,
         reward=reward,
         task_function=task_name,
         task_weight=next(w for name, _, w in reward.functions if name == task_name),

@@ -69,7 +69,7 @@ class RolloutConfig(Section):
     batch_size: int = Field(256, ge=1)
     # Train on rollouts the policy sampled this many steps earlier, with their sampling
     # log-probs as the loss's old log-probs (asynchronous trainers' lag; 0 = on-policy).
-    # policyopt.trainer.staleness says what the first steps and a resume do.
+    # policyopt.trainer.step says what the first steps and a resume do.
     staleness: int = Field(0, ge=0)
 
 

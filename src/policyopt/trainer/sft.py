@@ -12,17 +12,15 @@ from policyopt.models.logprobs import response_logprobs
 from policyopt.rollout.hf_engine import left_pad
 from policyopt.tasks.base import Task
 from policyopt.trainer.config import OptimConfig, SFTConfig
-from policyopt.trainer.data import PromptSampler
 from policyopt.trainer.metrics_log import progress_bar
 from policyopt.trainer.optim import build_optimizer
+from policyopt.trainer.prompts import PromptSampler, encode_prompts
 
 
 def sft_examples(
     task: Task, tokenizer: Any, rows: list[dict[str, Any]], chat: bool = False
 ) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, completion ids + EOS) for every SFT target of `rows`."""
-    from policyopt.trainer.prompts import encode_prompts
-
     _, prompt_ids = encode_prompts(task, tokenizer, rows, chat)
     pairs = []
     for row, p in zip(rows, prompt_ids, strict=True):

@@ -15,11 +15,24 @@ the shapers that transform it (`rewards["M_shaped"]`: GAR's bonus, DocPO's annea
 not at the additive terms (other weighted functions, DAPO's overlong penalty): DAPO drops
 the groups whose accuracy is 0 or 1 (arXiv 2503.14476, §3.2) also when the length penalty
 makes their rewards differ, while a group whose rollouts are all correct keeps GAR's bonus.
+
+Stale rollouts (`rollout.staleness: k`): asynchronous trainers (prime-rl, AReaL) generate
+with a policy one or more versions behind the one they update. Here that lag is exact in one
+process: every step samples a batch with the current policy and appends it to a FIFO
+(`StepState.stale`), and trains on the oldest batch there, which the policy of k steps
+earlier sampled. The first step fills the FIFO with k batches of the initial policy first,
+so step t trains on rollouts of staleness min(t, k), as an asynchronous trainer's first
+steps use the initial policy's rollouts. The loss's "old" log-probs are then the stored
+sampling log-probs (the behaviour policy's). A version is one step, whatever the number of
+optimizer updates in it. The FIFO is not checkpointed (it holds rollouts, not the model's
+tensors): a resumed run refills it from the resumed policy, as at the start of a run.
+k = 0 is the on-policy step: the FIFO holds this step's batch only.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -31,11 +44,9 @@ from policyopt.core.structure import check_declared_made, check_produced, gather
 from policyopt.rewards.shaping import ShapingContext
 from policyopt.rollout.base import RolloutEngine, Rollouts
 from policyopt.trainer.batch import Batch, consumer_structure
-from policyopt.trainer.data import PromptSampler
-from policyopt.trainer.distributed import Dist, full_weights, global_advantages, rank_slice
+from policyopt.trainer.distributed import Dist, full_weights, global_rows, rank_slice
 from policyopt.trainer.parts import Parts
-from policyopt.trainer.prompts import decode, encode_prompts
-from policyopt.trainer.staleness import StaleQueue
+from policyopt.trainer.prompts import PromptSampler, decode, encode_prompts
 from policyopt.trainer.update import Optimization, update
 
 
@@ -54,8 +65,8 @@ class StepState:
     share: int
     optimization: Optimization
     dist: Dist = field(default_factory=Dist)
-    # rollout.staleness: the batches sampled but not yet trained on (trainer/staleness.py)
-    stale: StaleQueue[Any] = field(default_factory=lambda: StaleQueue(0))
+    # rollout.staleness: (step that sampled it, kept batch) not yet trained on, oldest first
+    stale: deque[tuple[int, Batch | None]] = field(default_factory=deque)
 
 
 @dataclass
@@ -71,18 +82,14 @@ def train_step(parts: Parts, state: StepState) -> tuple[Batch | None, dict[str, 
     """One step; the trained batch (None if no group passed the filters) and its metrics.
 
     With `rollout.staleness` k > 0 the step trains on the batch sampled k steps earlier
-    (`policyopt.trainer.staleness`); the sampling metrics are those of this step's batch."""
+    (module docstring); the sampling metrics are those of this step's batch."""
     t_start = time.perf_counter()
     times = Times()
-    fresh: list[dict[str, float]] = []
-
-    def sample_now() -> Batch | None:
-        kept, metrics = sample(parts, state, times)
-        fresh.append(metrics)
-        return kept
-
-    kept, version = state.stale.exchange(state.step, sample_now)
-    metrics = {**fresh[-1], "mech/staleness": float(state.step - version)}
+    while len(state.stale) <= parts.staleness:  # one batch, or k + 1 to fill the FIFO first
+        sampled, metrics = sample(parts, state, times)
+        state.stale.append((state.step, sampled))
+    version, kept = state.stale.popleft()
+    metrics["mech/staleness"] = float(state.step - version)
     # Every rank updates, or none does (each update pass is a collective).
     (ready,) = state.dist.sum(float(kept is not None))
     t_update = time.perf_counter()
@@ -201,6 +208,9 @@ def rollout(
         **strategy.options,
     )
     n = len(rollouts)
+    # What a producer made can only be checked now, on the values (their shapes, that each
+    # declared name was made); that every need has an earlier producer was checked once,
+    # from the config (`parts.check_config`).
     check_produced(strategy.label, strategy.fn, rollouts.structure, n)
     check_declared_made(strategy.label, strategy.fn, rollouts.structure)
     for a in parts.annotators:
@@ -269,7 +279,6 @@ def shape(parts: Parts, state: StepState, batch: Batch) -> Batch:
     task = batch.rewards["M"]
     metrics: dict[str, float] = {}
     for part, shaper in parts.shapers:
-        gather(part.label, part.fn, consumer_structure(batch.rollouts))
         before = dict(ctx.structure)
         task, m = shaper(task, ctx)
         metrics.update(m)
@@ -298,23 +307,17 @@ def advantage(parts: Parts, dist: Dist, batch: Batch) -> Batch:
     """4. Advantages of the step's rewards R, and the loss mask."""
     est = parts.advantage
     wanted = gather(est.label, est.fn, consumer_structure(batch.rollouts))
-
-    reported: dict[str, float] = {}
-
-    def estimate(r: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        adv, m = estimator_with_metrics(est.label, est.fn, r, g, **wanted, **est.options)
-        reported.update(m)  # an estimator may report metrics (e.g. srpo/saturation)
-        return adv
-
-    # Estimators of rewards alone see the global batch (REINFORCE++'s batch std); those
-    # that read declared structure (DATPO's blocks, SRPO's distances) are per group, so
-    # per rank (a group never spans ranks).
-    rewards = batch.rewards["total"]
-    advantages = (
-        estimate(rewards, batch.group_ids)
-        if wanted
-        else global_advantages(dist, estimate, rewards, batch.group_ids)
+    rewards, group_ids, mine = batch.rewards["total"], batch.group_ids, slice(None)
+    if not wanted:
+        # Estimators of rewards alone see the global batch (REINFORCE++'s batch std); those
+        # that read declared structure (DATPO's blocks, SRPO's distances) are per group, so
+        # per rank (a group never spans ranks).
+        rewards, group_ids, mine = global_rows(dist, rewards, group_ids)
+    # An estimator may report metrics (e.g. srpo/saturation).
+    advantages, reported = estimator_with_metrics(
+        est.label, est.fn, rewards, group_ids, **wanted, **est.options
     )
+    advantages = advantages[mine]
     loss_mask = batch.rollouts.response_mask
     if parts.filter_truncated:  # DAPO's overlong filtering
         loss_mask = loss_mask * (~batch.rollouts.truncated).float()[:, None]

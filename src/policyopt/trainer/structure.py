@@ -5,8 +5,9 @@ produces structure in this order: the rollout strategy, the annotators, the rewa
 then each shaper in turn; the advantage estimator and the policy loss read what is there at
 the end. `check_config_structure` walks a config in that order and raises a
 `MissingStructureError` for a part whose required input no earlier configured part
-produces, naming the registered parts that would; `gather` (core) repeats the check at run
-time on the actual values, so that a producer that did not deliver is caught too.
+produces, naming the registered parts that would. At run time the step checks each producer's
+values (`check_produced`, `check_declared_made` in core), so that a producer that did not
+deliver is caught too, and `gather` hands each consumer its inputs.
 """
 
 from __future__ import annotations

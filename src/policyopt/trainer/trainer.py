@@ -25,7 +25,6 @@ from policyopt.trainer import checkpoint as ckpt
 from policyopt.trainer import dist_checkpoint
 from policyopt.trainer.batch import Batch
 from policyopt.trainer.config import Config, dump_config
-from policyopt.trainer.data import PromptSampler
 from policyopt.trainer.distributed import (
     full_weights,
     rank_device,
@@ -40,8 +39,8 @@ from policyopt.trainer.optim import build_optimizer
 from policyopt.trainer.parts import build_parts
 from policyopt.trainer.plot import plot_metrics
 from policyopt.trainer.policy import load_policy
+from policyopt.trainer.prompts import PromptSampler
 from policyopt.trainer.resume_check import check_resume_config
-from policyopt.trainer.staleness import StaleQueue
 from policyopt.trainer.step import StepState, train_step
 from policyopt.trainer.update import NonFiniteUpdateError, Optimization
 
@@ -130,8 +129,6 @@ class Trainer:
             share=share(cfg.rollout.prompts_per_step, self.dist),
             optimization=self.optimization,
             dist=self.dist,
-            # Not checkpointed: a resumed run refills it (trainer/staleness.py).
-            stale=StaleQueue(cfg.rollout.staleness),
         )
         self.generated_tokens = 0  # over the whole run, for train.max_generated_tokens
         # Logs, samples and plots come from rank 0 only.

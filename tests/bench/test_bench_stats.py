@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from policyopt.cli.bench_stats import ratio_interval, repeat_until_narrow, t975
+from policyopt.bench.stats import ratio_interval, repeat_until_narrow, t975
 
 
 def test_interval_by_hand():

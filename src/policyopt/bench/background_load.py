@@ -6,7 +6,7 @@ on the same machine would run), and stops them on leaving the `with` block, on a
 a KeyboardInterrupt as well. A burner also exits by itself when the process that started it
 is gone (killed without a chance to clean up), so none outlives its measurement.
 
-`python -m policyopt.cli.background_load --threads 2` is one burner.
+`python -m policyopt.bench.background_load --threads 2` is one burner.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class BackgroundLoad:
                         [
                             sys.executable,
                             "-m",
-                            "policyopt.cli.background_load",
+                            "policyopt.bench.background_load",
                             "--threads",
                             str(self.threads),
                             "--size",

@@ -12,7 +12,7 @@ The child runs with glibc's MALLOC_MMAP_THRESHOLD_=65536: every large buffer is 
 mmap, returned to the OS when freed, so the resident set follows the live tensors instead of
 the heap's fragmentation (otherwise freed chunk buffers linger and inflate the peak).
 
-Run by hand: `python -m policyopt.models.memory_bench` (prints the dict as JSON).
+Run by hand: `python -m policyopt.bench.head_memory` (prints the dict as JSON).
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def head_memory_benchmark(
     }
     for variant in VARIANTS:
         proc = subprocess.run(
-            [sys.executable, "-m", "policyopt.models.memory_bench", variant, *map(str, args)],
+            [sys.executable, "-m", "policyopt.bench.head_memory", variant, *map(str, args)],
             env=env,
             capture_output=True,
             text=True,
@@ -118,14 +118,14 @@ def head_memory_benchmark(
 
 
 def main(argv: list[str]) -> None:
-    """`memory_bench VARIANT VOCAB HIDDEN ROWS CHUNK THREADS` measures one variant (child
+    """`python -m policyopt.bench.head_memory VARIANT VOCAB HIDDEN ROWS CHUNK THREADS` measures one variant (child
     process); with no arguments runs the whole benchmark at its defaults."""
     if not argv:
         print(json.dumps(head_memory_benchmark(), indent=2))
         return
     variant, vocab, hidden, rows, chunk_size, threads = argv
     if variant not in VARIANTS:
-        raise SystemExit(f"memory_bench: unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
+        raise SystemExit(f"head_memory: unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
     import torch
 
     torch.set_num_threads(int(threads))

@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from policyopt.cli import background_load, bench
-from policyopt.cli.background_load import BackgroundLoad
+from policyopt.bench import background_load
+from policyopt.bench.background_load import BackgroundLoad
+from policyopt.cli import bench
 
 
 def alive(pid: int) -> bool:
@@ -40,7 +41,7 @@ def test_stopped_on_keyboard_interrupt():
 
 def test_a_burner_exits_when_its_starter_is_killed():
     code = (
-        "import os, signal, sys, time; from policyopt.cli.background_load import BackgroundLoad;"
+        "import os, signal, sys, time; from policyopt.bench.background_load import BackgroundLoad;"
         "load = BackgroundLoad(1, threads=1).start(); print(load.processes[0].pid, flush=True);"
         "time.sleep(0.5); os.kill(os.getpid(), signal.SIGKILL)"
     )

@@ -1,5 +1,5 @@
 """What reusing the bases' KV cache saves when DATPO forks (`python -m
-policyopt.methods.datpo.cache_bench`).
+policyopt.bench.datpo_cache`).
 
 Samples base rollouts once (`HFEngine.generate_with_cache`), picks fork points (K per base,
 uniformly among the response positions, seeded), then times the branch phase both ways on
