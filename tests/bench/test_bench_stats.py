@@ -4,20 +4,19 @@ import math
 
 import pytest
 
-from policyopt.bench.stats import ratio_interval, repeat_until_narrow, t975
+from policyopt.bench.stats import ratio_interval, repeat_until_narrow
 
 
 def test_interval_by_hand():
     # ratios 1.0, 1.1, 0.9, 1.0: mean 1.0, s = sqrt(0.02 / 3) = 0.0816497, se = s / 2,
-    # t_{0.975,3} = 3.182 -> half width 0.1299067
+    # t_{0.975,3} = 3.18245 (tables) -> half width 0.1299067
     iv = ratio_interval([1.0, 1.1, 0.9, 1.0])
-    half = 3.182 * math.sqrt(0.02 / 3) / 2
+    half = 3.18245 * math.sqrt(0.02 / 3) / 2
     assert iv["mean"] == pytest.approx(1.0)
-    assert iv["low"] == pytest.approx(1.0 - half)
-    assert iv["high"] == pytest.approx(1.0 + half)
-    assert iv["width"] == pytest.approx(2 * half)
+    assert iv["low"] == pytest.approx(1.0 - half, abs=1e-5)
+    assert iv["high"] == pytest.approx(1.0 + half, abs=1e-5)
+    assert iv["width"] == pytest.approx(2 * half, abs=1e-5)
     assert iv["n"] == 4
-    assert t975(1) == 12.706 and t975(30) == 2.042 and t975(31) == 1.96
     with pytest.raises(ValueError, match="at least 2 paired rounds"):
         ratio_interval([1.0])
 
@@ -40,7 +39,7 @@ def test_stops_as_soon_as_the_interval_is_narrow():
     out = repeat_until_narrow(run_round, ratios, width=0.03, min_rounds=3, max_rounds=40)
     assert len(seen) == 5
     assert out["b"]["converged"] is True
-    assert out["b"]["width"] == pytest.approx(2 * 2.776 * 0.0109545 / math.sqrt(5), rel=1e-4)
+    assert out["b"]["width"] == pytest.approx(2 * 2.776 * 0.0109545 / math.sqrt(5), rel=3e-4)
     assert out["b"]["mean"] == pytest.approx(1.008)
 
 

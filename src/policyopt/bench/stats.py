@@ -13,19 +13,7 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 
-# Two-sided 95% quantiles of Student's t, t_{0.975, df}, for df = 1..30; beyond, 1.96.
-_T975 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
-
-
-def t975(df: int) -> float:
-    """t_{0.975, df}; the normal 1.96 past 30 degrees of freedom (within 2% there)."""
-    if df < 1:
-        raise ValueError(f"t quantile: {df} degrees of freedom; need at least 1")
-    return _T975[df - 1] if df <= len(_T975) else 1.96
+from policyopt.core.stats import t975
 
 
 def ratio_interval(ratios: Sequence[float]) -> dict[str, float]:

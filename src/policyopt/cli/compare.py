@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from policyopt.cli.stats import mean_ci
+from policyopt.core.stats import mean_ci
 
 
 def add_compare(sub: argparse._SubParsersAction) -> None:

@@ -10,17 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from policyopt.cli.study import Run
+from policyopt.core.stats import mean_ci
 
 # Logged every step: the learning curve, then the mechanism metrics (whatever the loss).
 CURVE = "reward/mean"
 MECHANISM_PREFIX = "mech/"
 MECHANISM_EXTRA = ("grad_norm", "response_length/mean")
-
-
-def mean_ci(values: list[float]) -> tuple[float, float]:
-    from policyopt.cli.stats import mean_ci as t_interval
-
-    return t_interval(values)
 
 
 def fmt(value: tuple[float, float]) -> str:

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from scipy.stats import t as student_t
 
+from policyopt.core.stats import mean_ci
 from policyopt.methods.dmrl.drpo import ALPHA, DELTA, LAMBDA_EDIT
 from policyopt.recipes import recipe_config
 from policyopt.recipes.dmrl_pipeline import run_dmrl_pipeline
@@ -33,16 +32,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "no_edit_cost": {"algorithm.advantage_options": {**_DRPO, "lambda_edit": 0.0}},
     "grpo": {"algorithm.advantage": "grpo", "algorithm.advantage_options": {}},
 }
-
-
-def mean_ci95(values: list[float]) -> tuple[float, float]:
-    """(mean, half-width of the 95% Student-t interval); half-width nan for one value."""
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, float("nan")
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return mean, float(student_t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
 
 
 def run_ablation(
@@ -65,7 +54,7 @@ def run_ablation(
                 )
                 run_dmrl_pipeline(config, console)
             gains.append(json.loads(summary_path.read_text())["relative_gain"])
-        mean, half = mean_ci95(gains)
+        mean, half = mean_ci(gains)
         results[name] = {"gains": gains, "mean": mean, "ci95": half}
         console.print(f"{name}: {mean * 100:+.3f}% ± {half * 100:.3f} (seeds {seeds})")
     (out / "ablation.json").write_text(json.dumps(results, indent=2))

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from policyopt.core import compute_advantages
+from policyopt.core.stats import mean_ci
 from policyopt.methods.dmrl.drpo import drpo_advantages
 
 R0 = 15.0
@@ -102,15 +103,10 @@ def run(trials: int, spread: float, noise: float, scale: float, seed: int) -> di
             for m in rows:
                 rows[m].append(clean_metrics(advantages(rewards, m), lift, clean))
         out[name] = {
-            m: {key: _mean_ci([r[key] for r in v if np.isfinite(r[key])]) for key in v[0]}
+            m: {key: list(mean_ci([r[key] for r in v if np.isfinite(r[key])])) for key in v[0]}
             for m, v in rows.items()
         }
     return out
-
-
-def _mean_ci(x: list[float]) -> list[float]:
-    a = np.asarray(x)
-    return [float(a.mean()), float(1.96 * a.std(ddof=1) / np.sqrt(len(a)))]
 
 
 def main() -> None:

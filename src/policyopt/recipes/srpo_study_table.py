@@ -8,24 +8,20 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from scipy import stats
+from policyopt.core.stats import mean_ci
 
 
-def mean_ci(values: list[float]) -> str:
+def fmt_ci(values: list[float]) -> str:
+    """`mean ± half-width` of the 95% t interval; "-" for none, the mean alone for one."""
     if not values:
         return "-"
-    m = sum(values) / len(values)
-    if len(values) < 2:
-        return f"{m:.3f}"
-    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
-    half = stats.t.ppf(0.975, len(values) - 1) * sd / math.sqrt(len(values))
-    return f"{m:.3f} ± {half:.3f}"
+    mean, half = mean_ci(values)
+    return f"{mean:.3f}" if len(values) < 2 else f"{mean:.3f} ± {half:.3f}"
 
 
 def table(rows: list[dict[str, Any]], metric: str = "final_ndcg@10") -> str:
@@ -52,10 +48,10 @@ def table(rows: list[dict[str, Any]], metric: str = "final_ndcg@10") -> str:
             auc = [sum(p[3] for p in r["curve"]) / len(r["curve"]) for r in rs if r["curve"]]
         out.append(
             f"| {setting} | {g} | {label} | {len(rs)} | "
-            f"{mean_ci([r[metric] for r in rs])} | {mean_ci(auc)} | "
-            f"{mean_ci([r['srpo/saturation/last10'] for r in rs if 'srpo/saturation/last10' in r])} | "
-            f"{mean_ci([r['srpo/corr_grpo/last10'] for r in rs if 'srpo/corr_grpo/last10' in r])} | "
-            f"{mean_ci(paired(rs, grpo, metric)) if not label.startswith('grpo') else '-'} |"
+            f"{fmt_ci([r[metric] for r in rs])} | {fmt_ci(auc)} | "
+            f"{fmt_ci([r['srpo/saturation/last10'] for r in rs if 'srpo/saturation/last10' in r])} | "
+            f"{fmt_ci([r['srpo/corr_grpo/last10'] for r in rs if 'srpo/corr_grpo/last10' in r])} | "
+            f"{fmt_ci(paired(rs, grpo, metric)) if not label.startswith('grpo') else '-'} |"
         )
     return "\n".join(out)
 
@@ -90,7 +86,7 @@ def budget_table(rows: list[dict[str, Any]], samples: float) -> str:
         "|---|---|---|---|---|",
     ]
     for (setting, g, method), vs in sorted(cells.items()):
-        out.append(f"| {setting} | {g} | {method} | {len(vs)} | {mean_ci(vs)} |")
+        out.append(f"| {setting} | {g} | {method} | {len(vs)} | {fmt_ci(vs)} |")
     return "\n".join(out)
 
 
