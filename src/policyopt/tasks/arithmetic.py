@@ -28,19 +28,11 @@ from typing import Any
 import datasets
 
 from policyopt.tasks.base import TASKS, Task
+from policyopt.tasks.options import fraction, int_pair, sizes, split_name, subset
 
 # The final answer: an integer right after the last "A:" of a completion.
 _INTEGER = re.compile(r"\s*(-?\d+)")
 _OPS = ("+", "-", "*")
-
-
-def _check_range(name: str, value: Sequence[int]) -> tuple[int, int]:
-    if len(value) != 2 or not all(isinstance(v, int) for v in value):
-        raise ValueError(f"arithmetic task: {name} must be two integers [lo, hi], got {value!r}")
-    lo, hi = int(value[0]), int(value[1])
-    if not 0 <= lo <= hi:
-        raise ValueError(f"arithmetic task: {name} must satisfy 0 <= lo <= hi, got {value!r}")
-    return lo, hi
 
 
 def make_problem(
@@ -104,31 +96,19 @@ class ArithmeticTask(Task):
     ) -> None:
         if not levels or not all(isinstance(k, int) and k >= 1 for k in levels):
             raise ValueError(f"arithmetic task: levels must be integers >= 1, got {levels!r}")
-        if not ops or any(op not in _OPS for op in ops):
-            raise ValueError(
-                f"arithmetic task: ops must be a non-empty subset of {_OPS}, got {ops!r}"
-            )
-        if train_size < 0 or eval_size < 0:
-            raise ValueError(
-                f"arithmetic task: sizes must be >= 0, got train_size={train_size}, eval_size={eval_size}"
-            )
-        if not 0.0 <= terse_fraction <= 1.0:
-            raise ValueError(
-                f"arithmetic task: terse_fraction must be in [0, 1], got {terse_fraction!r}"
-            )
+        self.ops = tuple(subset("arithmetic", "ops", ops, _OPS))
+        sizes("arithmetic", train_size, eval_size)
+        self.terse_fraction = fraction("arithmetic", "terse_fraction", terse_fraction)
         self.seed = seed
-        self.terse_fraction = float(terse_fraction)
         self.train_size = train_size
         self.eval_size = eval_size
         self.levels = [int(k) for k in levels]
-        self.operand_range = _check_range("operand_range", operand_range)
-        self.mul_range = _check_range("mul_range", mul_range)
-        self.ops = tuple(ops)
+        self.operand_range = int_pair("arithmetic", "operand_range", operand_range)
+        self.mul_range = int_pair("arithmetic", "mul_range", mul_range)
         self._splits: dict[str, datasets.Dataset] | None = None
 
     def rows(self, split: str) -> datasets.Dataset:
-        if split not in ("train", "eval"):
-            raise ValueError(f"arithmetic task: unknown split {split!r}; valid: 'train', 'eval'")
+        split_name("arithmetic", split)
         if self._splits is None:
             eval_rows = self._generate("eval", self.eval_size, exclude=None)
             exclude = set(eval_rows["prompt"])

@@ -39,18 +39,10 @@ import datasets
 from policyopt.tasks.base import TASKS, Task
 from policyopt.tasks.countdown_expr import score
 from policyopt.tasks.countdown_search import ORDERS, Trace, moves, search
+from policyopt.tasks.options import int_pair, sizes, split_name, subset
 
 LEVEL_NUMBERS = {1: 3, 2: 4, 3: 4}
 _FIRST_MOVE = re.compile(r"^(\d+)([-+*/])(\d+)=(\d+)")
-
-
-def _check_pair(name: str, value: Sequence[int], low: int) -> tuple[int, int]:
-    if len(value) != 2 or not all(isinstance(v, int) for v in value):
-        raise ValueError(f"countdown task: {name} must be two integers [lo, hi], got {value!r}")
-    lo, hi = int(value[0]), int(value[1])
-    if not low <= lo <= hi:
-        raise ValueError(f"countdown task: {name} must satisfy {low} <= lo <= hi, got {value!r}")
-    return lo, hi
 
 
 def draw_problem(
@@ -110,15 +102,8 @@ class CountdownTask(Task):
         hard_lines: int = 10,
         max_value: int | None = None,
     ) -> None:
-        if not levels or any(k not in LEVEL_NUMBERS for k in levels):
-            raise ValueError(
-                f"countdown task: levels must be among {sorted(LEVEL_NUMBERS)}, got {levels!r}"
-            )
-        if train_size < 0 or eval_size < 0:
-            raise ValueError(
-                f"countdown task: sizes must be >= 0, got train_size={train_size}, "
-                f"eval_size={eval_size}"
-            )
+        self.levels = [int(k) for k in subset("countdown", "levels", levels, LEVEL_NUMBERS)]
+        sizes("countdown", train_size, eval_size)
         orders = dict(demo_orders or {"closest": 0.4, "lexical": 0.3, "random": 0.3})
         bad = [o for o in orders if o not in ORDERS]
         if bad or not orders or any(w < 0 for w in orders.values()) or sum(orders.values()) <= 0:
@@ -134,9 +119,8 @@ class CountdownTask(Task):
         self.seed = seed
         self.train_size = train_size
         self.eval_size = eval_size
-        self.levels = [int(k) for k in levels]
-        self.number_range = _check_pair("number_range", number_range, 1)
-        self.target_range = _check_pair("target_range", target_range, 1)
+        self.number_range = int_pair("countdown", "number_range", number_range, 1)
+        self.target_range = int_pair("countdown", "target_range", target_range, 1)
         self.demo_orders = orders
         self.max_trace_chars = int(max_trace_chars)
         self.hard_lines = int(hard_lines)
@@ -149,8 +133,7 @@ class CountdownTask(Task):
         self._splits: dict[str, datasets.Dataset] | None = None
 
     def rows(self, split: str) -> datasets.Dataset:
-        if split not in ("train", "eval"):
-            raise ValueError(f"countdown task: unknown split {split!r}; valid: 'train', 'eval'")
+        split_name("countdown", split)
         if self._splits is None:
             eval_rows = self._generate("eval", self.eval_size, exclude=None)
             train_rows = self._generate("train", self.train_size, exclude=set(eval_rows["prompt"]))

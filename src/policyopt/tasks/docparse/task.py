@@ -73,6 +73,7 @@ import datasets
 
 from policyopt.tasks.base import TASKS, Task
 from policyopt.tasks.docparse.reward import ELEMENT_TYPES, formula_reward, table_reward, text_reward
+from policyopt.tasks.options import fraction, sizes, split_name, subset
 
 LEVELS = (1, 2, 3)
 WRAP_WIDTH = 24  # scan line width of text blocks from level 2
@@ -523,33 +524,17 @@ class DocParseTask(Task):
         types: Sequence[str] = ELEMENT_TYPES,
         ocr_text_fraction: float = 0.0,
     ) -> None:
-        if not levels or any(k not in LEVELS for k in levels):
-            raise ValueError(
-                f"docparse task: levels must be a non-empty subset of {LEVELS}, got {levels!r}"
-            )
-        if not types or any(t not in ELEMENT_TYPES for t in types):
-            raise ValueError(
-                f"docparse task: types must be a non-empty subset of {ELEMENT_TYPES}, got {types!r}"
-            )
-        if train_size < 0 or eval_size < 0:
-            raise ValueError(
-                f"docparse task: sizes must be >= 0, got train_size={train_size}, eval_size={eval_size}"
-            )
-        if not 0.0 <= ocr_text_fraction <= 1.0:
-            raise ValueError(
-                f"docparse task: ocr_text_fraction must be in [0, 1], got {ocr_text_fraction!r}"
-            )
+        self.levels = [int(k) for k in subset("docparse", "levels", levels, LEVELS)]
+        self.types = [str(t) for t in subset("docparse", "types", types, ELEMENT_TYPES)]
+        sizes("docparse", train_size, eval_size)
+        self.ocr_text_fraction = fraction("docparse", "ocr_text_fraction", ocr_text_fraction)
         self.seed = seed
-        self.ocr_text_fraction = float(ocr_text_fraction)
         self.train_size = train_size
         self.eval_size = eval_size
-        self.levels = [int(k) for k in levels]
-        self.types = [str(t) for t in types]
         self._splits: dict[str, datasets.Dataset] | None = None
 
     def rows(self, split: str) -> datasets.Dataset:
-        if split not in ("train", "eval"):
-            raise ValueError(f"docparse task: unknown split {split!r}; valid: 'train', 'eval'")
+        split_name("docparse", split)
         if self._splits is None:
             eval_rows = self._generate("eval", self.eval_size, exclude=None)
             exclude = set(zip(eval_rows["element_type"], eval_rows["reference"], strict=True))
