@@ -26,8 +26,10 @@ import torch
 
 from policyopt.core.rank_distance import (
     WEIGHTINGS,
+    check_top_lists,
     complete_rankings,
     grouped_kendall_distances,
+    grouped_top_list_distances,
     reverse_distance,
 )
 from policyopt.core.structure import produces
@@ -88,8 +90,7 @@ class RankingDistances(RewardShaper):
         if fast is not None:  # the usual batch: G rollouts per prompt, one after another
             size, n = fast
             k = self.k or max(int(lengths[0]), 1)
-            full = complete_rankings(top[:, : min(top.shape[1], n)], n)
-            d = grouped_kendall_distances(full.view(-1, size, n), self.weighting, False, k=k)
+            d = self._block_distances(top[:, : min(top.shape[1], n)], size, n, k)
             dist = torch.block_diag(*d) if n_rows else torch.zeros(0, 0)
             c = reverse_distance(n, self.weighting, k) if n > 1 else 1.0
             pairs = n_rows * (size - 1)
@@ -116,6 +117,19 @@ class RankingDistances(RewardShaper):
             total += float(d.sum()) / c
             count += len(groups) * size * (size - 1)
         return dist, scale, total / count if count else 0.0
+
+    def _block_distances(self, top: torch.Tensor, size: int, n: int, k: int) -> torch.Tensor:
+        """D [B, G, G] of consecutive groups of `size` rows with cutoff k. From the top-k
+        lists alone when every row lists at least min(k, n) items and k² is below the
+        n(n−1)/2 item pairs (the usual ranking-policy batch: the same numbers, a fraction of
+        the cost); else from the completed rankings' pair embeddings."""
+        cut = min(k, n)
+        lists = top[:, :cut]
+        if lists.shape[1] == cut and cut * cut <= n * (n - 1) // 2 and bool((lists >= 0).all()):
+            check_top_lists(top, n)
+            return grouped_top_list_distances(lists.reshape(-1, size, cut), n, self.weighting)
+        full = complete_rankings(top, n)
+        return grouped_kendall_distances(full.view(-1, size, n), self.weighting, False, k=k)
 
 
 def placed_candidates(rollouts: Rollouts) -> torch.Tensor:
