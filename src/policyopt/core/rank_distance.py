@@ -200,23 +200,33 @@ def grouped_top_list_distances(top: Tensor, n: int, weighting: str = "top") -> T
     if n < 2 or k == 0 or b * g == 0:
         return torch.zeros(b, g, g)
     dev = top.device
-    w = position_weights(n, weighting, k)[:k]
-    dw = torch.cat([w[:-1] - w[1:], w[-1:]]).to(dev)
+    dw = _level_weights(n, weighting, k).to(dev)
     pos = torch.arange(k, device=dev)
+    i, j = (x.to(dev) for x in _pairs(g))  # each unordered pair once: d is symmetric
     # where[b, j, item]: the item's position in list j, k when j does not list it.
     where = torch.full((b, g, n), k, dtype=torch.long, device=dev)
     where.scatter_(2, top, pos.expand(b, g, k))
-    # r[b, i, j, p]: the position in list j of list i's item p.
-    r = where[:, None, :, :].expand(b, g, g, n).gather(3, top[:, :, None, :].expand(b, g, g, k))
+    r = where[:, j].gather(2, top[:, i])  # [B, pairs, p]: list j's position of i's item p
     earlier = torch.ones(k, k, dtype=torch.bool, device=dev).tril(-1)  # [p, p'] p' < p
     both_above = ((r[..., None, :] < r[..., :, None]) & earlier).sum(-1)
     below = (n - 1) - pos - r + both_above  # c_x; meaningless where r = k (not counted)
     level = torch.maximum(pos, r)  # first l (0-based) whose K_l counts x; k: never
-    counts = torch.zeros(b, g, g, k + 1, dtype=torch.long, device=dev)
-    concordant = counts.scatter_add_(3, level, below)[..., :k].cumsum(3)  # K_l
+    counts = torch.zeros(b, i.numel(), k + 1, dtype=torch.long, device=dev)
+    concordant = counts.scatter_add_(2, level, below)[..., :k].cumsum(2)  # K_l
     left = n - 1 - pos  # items outside the top l + 1: A_l = pairs(n) − pairs(left)
     reach = (n * (n - 1) - left * (left - 1)) // 2
-    return ((reach - concordant).double() @ dw).float()
+    d = ((reach - concordant).double() @ dw).float()
+    out = torch.zeros(b, g, g, device=dev)
+    out[:, i, j] = d
+    out[:, j, i] = d
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _level_weights(n: int, weighting: str, k: int) -> Tensor:
+    """Δw_l = w(l) − w(l + 1) for l = 1..k, w(k + 1) = 0 (float64; not to be modified)."""
+    w = position_weights(n, weighting, k)[:k]
+    return torch.cat([w[:-1] - w[1:], w[-1:]])
 
 
 def complete_rankings(top: Tensor, n: int) -> Tensor:
