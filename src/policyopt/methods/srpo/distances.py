@@ -91,7 +91,8 @@ class RankingDistances(RewardShaper):
             size, n = fast
             k = self.k or max(int(lengths[0]), 1)
             d = self._block_distances(top[:, : min(top.shape[1], n)], size, n, k)
-            dist = torch.block_diag(*d) if n_rows else torch.zeros(0, 0)
+            dist = torch.zeros(n_rows, n_rows)  # block-diagonal: group b's block is d[b]
+            dist.view(len(d), size, len(d), size).diagonal(0, 0, 2).copy_(d.permute(1, 2, 0))
             c = reverse_distance(n, self.weighting, k) if n > 1 else 1.0
             pairs = n_rows * (size - 1)
             return dist, torch.full((n_rows,), c), float(d.sum()) / c / pairs if pairs else 0.0
@@ -138,7 +139,8 @@ def placed_candidates(rollouts: Rollouts) -> torch.Tensor:
     -1 past a shorter ranking's end."""
     prompt, pmask = rollouts.prompt_ids, rollouts.prompt_mask.bool()
     match = (rollouts.response_ids[:, :, None] == prompt[:, None, :]) & pmask[:, None, :]
-    stray = (rollouts.response_mask > 0) & ~match.any(-1)
+    found, first = match.max(-1)  # any match, and the first one's column (one pass)
+    stray = (rollouts.response_mask > 0) & ~found
     if stray.any():
         row = int(stray.any(1).nonzero()[0, 0])
         raise ValueError(
@@ -147,7 +149,7 @@ def placed_candidates(rollouts: Rollouts) -> torch.Tensor:
             "policy (model pl-mlp or pl-linear, rollout.engine=pl). An LM reranker ranks "
             "numbered passages: task rerank"
         )
-    column = match.long().argmax(-1) - (~pmask).sum(1, keepdim=True)  # minus left padding
+    column = first - (~pmask).sum(1, keepdim=True)  # minus left padding
     return column.masked_fill(rollouts.response_mask == 0, -1)
 
 
