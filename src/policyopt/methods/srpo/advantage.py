@@ -82,9 +82,8 @@ def srpo_advantages(
     mean = (m @ rewards) / count
     dev = rewards[None, :] - mean[:, None]  # R_j − mean_g(i)
     std = ((m * dev.square()).sum(1) / others).sqrt()
-    high = rewards[None, :].masked_fill(~member, -torch.inf).amax(1)
-    low = rewards[None, :].masked_fill(~member, torch.inf).amin(1)
-    dead = (high == low) | (count == 1)  # a constant group, or a group of one
+    # A constant group, or a group of one: no member's reward differs from row i's.
+    dead = ~(member & (rewards[None, :] != rewards[:, None])).any(1)
     same = member.clone()
     same.fill_diagonal_(False)
     d = distances.to(rewards.dtype).masked_fill(~same, 0.0)
