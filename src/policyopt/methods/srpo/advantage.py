@@ -87,7 +87,8 @@ def srpo_advantages(
     same = member.clone()
     same.fill_diagonal_(False)
     d = distances.to(rewards.dtype).masked_fill(~same, 0.0)
-    if not bool(((d >= 0) & (d < torch.inf)).all()):  # 0 outside the groups; NaN fails
+    low, high = torch.aminmax(d) if n else (d.new_zeros(()), d.new_zeros(()))
+    if not (bool(low >= 0) and bool(high < torch.inf)):  # 0 outside groups; NaN fails both
         raise ValueError("srpo: distances within a group must be finite and >= 0")
     d = d / _scale(d, same, m, distance_scale, normalize)[:, None]
     diff = rewards[:, None] - rewards[None, :]  # R_i − R_j
@@ -126,7 +127,7 @@ def _metrics(adv: Tensor, grpo: Tensor, arg: Tensor, pairs: Tensor, live: Tensor
     counted = pairs & live
     saturated = (arg.abs() > SATURATED).logical_and_(counted)
     n_pairs, n_counted, saturated = torch.stack([pairs, counted, saturated]).sum((1, 2)).tolist()
-    rows = pairs.any(1)
+    rows = pairs.any(1).nonzero().squeeze(1)
     return {
         "srpo/saturation": saturated / n_counted if n_counted else 0.0,
         "srpo/zero_distance_pairs": (n_pairs - n_counted) / n_pairs if n_pairs else 0.0,
