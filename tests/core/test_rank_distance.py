@@ -9,8 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policyopt.core.rank_distance import (
+    check_top_lists,
     complete_rankings,
     grouped_kendall_distances,
+    grouped_top_list_distances,
     pair_embedding,
     position_weights,
     top_pair_embedding,
@@ -195,3 +197,51 @@ def test_adjacent_swap_cost_decreases_down_the_list(n, p):
     d = kendall_distances(torch.stack(rows), "top")
     if len(rows) == 3:
         assert float(d[0, 1]) > float(d[0, 2])
+
+
+def test_top_list_distances_hand_computed():
+    # n = 3, k = 2, lists (0, 1) and (1, 0): w = (1, 1/log2 3), Δw = (1 − 1/log2 3, 1/log2 3).
+    # Level 1 (top 1): A = 3 − 1 = 2 pairs touch a top-1 item; the lists share no top-1 item,
+    # so K = 0 and H = 2. Level 2: A = 3; concordant pairs touching the top 2 of both: item 0
+    # (positions 0, 1) has n − 1 − 0 − 1 + 0 = 1 item below it in both (item 2), item 1 the
+    # same: K = 2, H = 1. d = 2(1 − 1/log2 3) + 1/log2 3 = 1 + (1 − 1/log2 3), the swap of
+    # the top two in test_hand_computed.
+    top = torch.tensor([[[0, 1], [1, 0]]])
+    d = grouped_top_list_distances(top, 3, "top")
+    want = 1 + (1 - 1 / math.log2(3))
+    assert float(d[0, 0, 1]) == pytest.approx(want, rel=1e-6)
+    assert float(d[0, 1, 0]) == float(d[0, 0, 1])
+    assert float(d[0, 0, 0]) == 0.0 and float(d[0, 1, 1]) == 0.0
+    # Uniform: the pairs touching the top 2 ordered differently: only {0, 1}.
+    assert float(grouped_top_list_distances(top, 3, "uniform")[0, 0, 1]) == 1.0
+
+
+@pytest.mark.parametrize("weighting", ["top", "uniform"])
+@pytest.mark.parametrize(
+    ("n", "k", "size"), [(2, 1, 3), (5, 2, 4), (12, 5, 4), (40, 10, 8), (9, 9, 3)]
+)
+def test_top_list_distances_equal_the_embedding_ones(n, k, size, weighting):
+    # From the lists alone against the completed rankings' embeddings (the reference): equal
+    # as float32 (the float64 sums differ in order only), exactly 0 for repeated lists.
+    g = torch.Generator().manual_seed(n * k)
+    top = torch.stack([torch.randperm(n, generator=g)[:k] for _ in range(3 * size)])
+    top[1] = top[0]
+    top[size + 2] = top[size]
+    want = grouped_kendall_distances(
+        complete_rankings(top, n).view(3, size, n), weighting, False, k=k
+    )
+    got = grouped_top_list_distances(top.view(3, size, k), n, weighting)
+    assert torch.allclose(got, want, rtol=1e-6, atol=0)
+    assert float(got[0, 0, 1]) == 0.0 and float(got[1, 0, 2]) == 0.0
+    assert torch.equal(got, got.transpose(1, 2))
+    assert float(got.max()) > 0
+
+
+def test_check_top_lists():
+    check_top_lists(torch.tensor([[2, 0, -1, -1], [1, 3, 0, 2]]), 4)
+    with pytest.raises(ValueError, match="repeats"):
+        check_top_lists(torch.tensor([[1, 2, 3], [0, 2, 0]]), 4)
+    with pytest.raises(ValueError, match=">= n"):
+        check_top_lists(torch.tensor([[4, 0]]), 4)
+    with pytest.raises(ValueError, match="of 3 items from n = 2"):
+        grouped_top_list_distances(torch.zeros(1, 2, 3, dtype=torch.long), 2)

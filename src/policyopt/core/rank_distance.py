@@ -162,6 +162,73 @@ def top_pair_embedding(rankings: Tensor, weights: Tensor, k: int | None = None) 
     return phi.scatter_(1, slot, signed)
 
 
+def check_top_lists(top: Tensor, n: int) -> None:
+    """Top lists [G, m] (entries < 0 are padding) must hold distinct item indices < n
+    (the errors of `complete_rankings`)."""
+    if (top >= n).any():
+        raise ValueError(f"top lists hold item indices >= n = {n}")
+    ordered = top.sort(dim=1).values
+    repeat = (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)
+    if repeat.any():
+        row = int(repeat.any(1).nonzero()[0, 0])
+        raise ValueError(f"top list {row} repeats an item: {top[row].tolist()}")
+
+
+def grouped_top_list_distances(top: Tensor, n: int, weighting: str = "top") -> Tensor:
+    """`grouped_kendall_distances(..., normalize=False, k=k)` of B groups of top-k lists
+    [B, G, k] (distinct item indices < n, no padding, k <= n), from the lists alone: the
+    same distances (equal up to float64 rounding), without completing the rankings or
+    building the n(n−1)/2 pair embedding; O(G²k²) per group instead of O(G²n²) (SRPO's step
+    cost, issue 21).
+
+    Why it is the same number. w is non-increasing and 0 past k, so with Δw_l = w(l) − w(l+1)
+    (w(k+1) = 0) a pair whose better position is p weighs Σ_{l >= p} Δw_l, and
+        d(σ, τ) = Σ_l Δw_l · (A_l − K_l),    l = 1..k, integers A_l, K_l:
+    A_l the number of item pairs with an item in the top l (n(n−1)/2 − (n−l)(n−l−1)/2, the
+    same for every ranking), K_l the number of pairs with an item in the top l of both
+    rankings that σ and τ order alike. (Per pair, ½|Φ_ab(σ) − Φ_ab(τ)| is ½(u_σ + u_τ) −
+    min(u_σ, u_τ) when concordant and ½(u_σ + u_τ) when not, u the pair's weight; expand u
+    and min(u_σ, u_τ) over the levels l.) A concordant pair has the same upper item x in
+    both rankings, at position p in σ and r in τ (0-based); the items below x in both
+    number c_x = n − 1 − p − r + |σ_<p ∩ τ_<r| (σ_<p the items above position p), and
+    |σ_<p ∩ τ_<r| = #{p' < p : r(σ_p') < r}. So K_l = Σ_{x in both lists, max(p, r) < l} c_x.
+    Integer counts make equal lists exactly 0 apart and d exactly symmetric, as the L1 norm
+    of the embeddings does."""
+    b, g, k = top.shape
+    if k > n:
+        raise ValueError(f"top lists of {k} items from n = {n}")
+    if n < 2 or k == 0 or b * g == 0:
+        return torch.zeros(b, g, g)
+    dev = top.device
+    dw = _level_weights(n, weighting, k).to(dev)
+    pos = torch.arange(k, device=dev)
+    i, j = (x.to(dev) for x in _pairs(g))  # each unordered pair once: d is symmetric
+    # where[b, j, item]: the item's position in list j, k when j does not list it.
+    where = torch.full((b, g, n), k, dtype=torch.long, device=dev)
+    where.scatter_(2, top, pos.expand(b, g, k))
+    r = where[:, j].gather(2, top[:, i])  # [B, pairs, p]: list j's position of i's item p
+    earlier = torch.ones(k, k, dtype=torch.bool, device=dev).tril(-1)  # [p, p'] p' < p
+    both_above = ((r[..., None, :] < r[..., :, None]) & earlier).sum(-1)
+    below = (n - 1) - pos - r + both_above  # c_x; meaningless where r = k (not counted)
+    level = torch.maximum(pos, r)  # first l (0-based) whose K_l counts x; k: never
+    counts = torch.zeros(b, i.numel(), k + 1, dtype=torch.long, device=dev)
+    concordant = counts.scatter_add_(2, level, below)[..., :k].cumsum(2)  # K_l
+    left = n - 1 - pos  # items outside the top l + 1: A_l = pairs(n) − pairs(left)
+    reach = (n * (n - 1) - left * (left - 1)) // 2
+    d = ((reach - concordant).double() @ dw).float()
+    out = torch.zeros(b, g, g, device=dev)
+    out[:, i, j] = d
+    out[:, j, i] = d
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _level_weights(n: int, weighting: str, k: int) -> Tensor:
+    """Δw_l = w(l) − w(l + 1) for l = 1..k, w(k + 1) = 0 (float64; not to be modified)."""
+    w = position_weights(n, weighting, k)[:k]
+    return torch.cat([w[:-1] - w[1:], w[-1:]])
+
+
 def complete_rankings(top: Tensor, n: int) -> Tensor:
     """Full rankings [G, n] from top lists [G, m] (item indices; entries < 0 are padding,
     e.g. a shorter parsed list): each row's listed items first, in order, then the items it

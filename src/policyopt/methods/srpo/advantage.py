@@ -78,26 +78,25 @@ def srpo_advantages(
     member = group_ids[:, None] == group_ids[None, :]
     m = member.to(rewards.dtype)
     count = m.sum(1)
+    others = (count - 1).clamp(min=1)
     mean = (m @ rewards) / count
     dev = rewards[None, :] - mean[:, None]  # R_j − mean_g(i)
-    std = ((m * dev.square()).sum(1) / (count - 1).clamp(min=1)).sqrt()
-    high = rewards[None, :].masked_fill(~member, -torch.inf).amax(1)
-    low = rewards[None, :].masked_fill(~member, torch.inf).amin(1)
-    dead = (high == low) | (count == 1)  # a constant group, or a group of one
+    std = ((m * dev.square()).sum(1) / others).sqrt()
+    # A constant group, or a group of one: no member's reward differs from row i's.
+    dead = ~(member & (rewards[None, :] != rewards[:, None])).any(1)
     same = member.clone()
     same.fill_diagonal_(False)
     d = distances.to(rewards.dtype).masked_fill(~same, 0.0)
-    if same.any():
-        within = d[same]
-        if (~torch.isfinite(within) | (within < 0)).any():
-            raise ValueError("srpo: distances within a group must be finite and >= 0")
+    low, high = torch.aminmax(d) if n else (d.new_zeros(()), d.new_zeros(()))
+    if not (bool(low >= 0) and bool(high < torch.inf)):  # 0 outside groups; NaN fails both
+        raise ValueError("srpo: distances within a group must be finite and >= 0")
     d = d / _scale(d, same, m, distance_scale, normalize)[:, None]
     diff = rewards[:, None] - rewards[None, :]  # R_i − R_j
     live = same & (d > 0)  # D = 0: the same ranking, the pair's term is 0 (docstring)
     tiny = torch.finfo(rewards.dtype).tiny
     arg = diff / (d + eps) / (temperature * std.clamp(min=tiny))[:, None]
     terms = torch.tanh(arg) * live
-    adv = (terms.sum(1) / (count - 1).clamp(min=1)).masked_fill(dead, 0.0)
+    adv = (terms.sum(1) / others).masked_fill(dead, 0.0)
     pairs = same & ~dead[:, None]
     grpo = ((rewards - mean) / (std + 1e-6)).masked_fill(dead, 0.0)
     return adv, _metrics(adv, grpo, arg, pairs, live)
@@ -126,9 +125,9 @@ def _scale(d: Tensor, same: Tensor, member: Tensor, scale: Tensor | None, normal
 
 def _metrics(adv: Tensor, grpo: Tensor, arg: Tensor, pairs: Tensor, live: Tensor) -> dict:
     counted = pairs & live
-    n_pairs, n_counted = int(pairs.sum()), int(counted.sum())
-    saturated = int((arg.abs() > SATURATED).logical_and_(counted).sum())
-    rows = pairs.any(1)
+    saturated = (arg.abs() > SATURATED).logical_and_(counted)
+    n_pairs, n_counted, saturated = torch.stack([pairs, counted, saturated]).sum((1, 2)).tolist()
+    rows = pairs.any(1).nonzero().squeeze(1)
     return {
         "srpo/saturation": saturated / n_counted if n_counted else 0.0,
         "srpo/zero_distance_pairs": (n_pairs - n_counted) / n_pairs if n_pairs else 0.0,

@@ -26,8 +26,10 @@ import torch
 
 from policyopt.core.rank_distance import (
     WEIGHTINGS,
+    check_top_lists,
     complete_rankings,
     grouped_kendall_distances,
+    grouped_top_list_distances,
     reverse_distance,
 )
 from policyopt.core.structure import produces
@@ -88,9 +90,9 @@ class RankingDistances(RewardShaper):
         if fast is not None:  # the usual batch: G rollouts per prompt, one after another
             size, n = fast
             k = self.k or max(int(lengths[0]), 1)
-            full = complete_rankings(top[:, : min(top.shape[1], n)], n)
-            d = grouped_kendall_distances(full.view(-1, size, n), self.weighting, False, k=k)
-            dist = torch.block_diag(*d) if n_rows else torch.zeros(0, 0)
+            d = self._block_distances(top[:, : min(top.shape[1], n)], size, n, k)
+            dist = torch.zeros(n_rows, n_rows)  # block-diagonal: group b's block is d[b]
+            dist.view(len(d), size, len(d), size).diagonal(0, 0, 2).copy_(d.permute(1, 2, 0))
             c = reverse_distance(n, self.weighting, k) if n > 1 else 1.0
             pairs = n_rows * (size - 1)
             return dist, torch.full((n_rows,), c), float(d.sum()) / c / pairs if pairs else 0.0
@@ -117,6 +119,19 @@ class RankingDistances(RewardShaper):
             count += len(groups) * size * (size - 1)
         return dist, scale, total / count if count else 0.0
 
+    def _block_distances(self, top: torch.Tensor, size: int, n: int, k: int) -> torch.Tensor:
+        """D [B, G, G] of consecutive groups of `size` rows with cutoff k. From the top-k
+        lists alone when every row lists at least min(k, n) items and k² is below the
+        n(n−1)/2 item pairs (the usual ranking-policy batch: the same numbers, a fraction of
+        the cost); else from the completed rankings' pair embeddings."""
+        cut = min(k, n)
+        lists = top[:, :cut]
+        if lists.shape[1] == cut and cut * cut <= n * (n - 1) // 2 and bool((lists >= 0).all()):
+            check_top_lists(top, n)
+            return grouped_top_list_distances(lists.reshape(-1, size, cut), n, self.weighting)
+        full = complete_rankings(top, n)
+        return grouped_kendall_distances(full.view(-1, size, n), self.weighting, False, k=k)
+
 
 def placed_candidates(rollouts: Rollouts) -> torch.Tensor:
     """A ranking policy's rankings as candidate indices, read from its rollouts (the placed
@@ -124,7 +139,8 @@ def placed_candidates(rollouts: Rollouts) -> torch.Tensor:
     -1 past a shorter ranking's end."""
     prompt, pmask = rollouts.prompt_ids, rollouts.prompt_mask.bool()
     match = (rollouts.response_ids[:, :, None] == prompt[:, None, :]) & pmask[:, None, :]
-    stray = (rollouts.response_mask > 0) & ~match.any(-1)
+    found, first = match.max(-1)  # any match, and the first one's column (one pass)
+    stray = (rollouts.response_mask > 0) & ~found
     if stray.any():
         row = int(stray.any(1).nonzero()[0, 0])
         raise ValueError(
@@ -133,7 +149,7 @@ def placed_candidates(rollouts: Rollouts) -> torch.Tensor:
             "policy (model pl-mlp or pl-linear, rollout.engine=pl). An LM reranker ranks "
             "numbered passages: task rerank"
         )
-    column = match.long().argmax(-1) - (~pmask).sum(1, keepdim=True)  # minus left padding
+    column = first - (~pmask).sum(1, keepdim=True)  # minus left padding
     return column.masked_fill(rollouts.response_mask == 0, -1)
 
 
