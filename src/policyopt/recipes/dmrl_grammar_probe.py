@@ -54,6 +54,7 @@ def probe(model_dir: str, samples: int, max_new_tokens: int, seed: int) -> dict[
             counts[read_edit(text, task.document_of(row))[1]] += 1
         result = {s: counts[s] / len(rows) for s in ("ok", "malformed", "truncated")}
         result["generation_seconds"] = seconds
+        result["ms_per_token"] = 1000 * seconds / max(r.generated_tokens, 1)
         if r.allowed is not None:
             width = r.response_ids.shape[1]
             args = (model, r.input_ids(), r.attention_mask(), width)
