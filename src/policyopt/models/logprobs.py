@@ -186,7 +186,10 @@ def _module_logp_entropy(
     if not with_entropy:
         return logp, logp.new_empty(0)
     with torch.no_grad():  # entropy is a metric: no gradient, nothing saved for backward
-        entropy = _entropy_of_logp(z - lse[:, None])
+        if allowed is None:  # the unconstrained formula, bit for bit as before
+            entropy = lse - (torch.softmax(z, -1) * z).sum(-1)
+        else:
+            entropy = _entropy_of_logp(z - lse[:, None])
     return logp, entropy
 
 
