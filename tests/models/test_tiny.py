@@ -159,3 +159,22 @@ def test_other_names_are_not_embedded() -> None:
     assert tiny.embedded_size("tiny") == {}
     assert tiny.embedded_size("tiny-wide") is None
     assert tiny.embedded_size("HuggingFaceTB/SmolLM2-135M") is None
+
+
+def test_positions_suffix_sets_max_positions_only(tmp_path, monkeypatch) -> None:
+    """`tiny-128x4-p1024` is `tiny` with 1024 positions: the same weights and, under RoPE,
+    the same logits, even past 512 positions (the DMRL editor's prompts)."""
+    from policyopt.models.loading import load_model
+
+    monkeypatch.setenv("POLICYOPT_CACHE", str(tmp_path))
+    assert tiny.embedded_size("tiny-128x4-p1024")["max_position_embeddings"] == 1024
+    assert "max_position_embeddings" not in tiny.embedded_size("tiny-128x4")
+    with pytest.raises(ValueError, match="positions"):
+        tiny.embedded_size("tiny-128x4-p8")
+    base, _ = load_model("tiny")
+    longer, tok = load_model("tiny-128x4-p1024")
+    assert longer.config.max_position_embeddings == 1024 and tok.model_max_length == 1024
+    ids = torch.tensor([tok("edit: " * 100, add_special_tokens=False)["input_ids"]])
+    assert ids.shape[1] == 600
+    with torch.no_grad():
+        assert torch.equal(base(ids).logits, longer(ids).logits)

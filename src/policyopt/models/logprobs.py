@@ -18,6 +18,11 @@ once over each distinct prompt, keeping its KV cache, then over every row's resp
 that cache copied to the row. Causal attention makes a prompt's hidden states independent of
 what follows, so this is the same function, and gradients from all copies flow back into
 the one prompt pass; with G responses per prompt it saves (G - 1) / G of the prompt tokens.
+
+`allowed` [B, R, V] bool (rollouts decoded under a grammar, `rollout/grammar.py`): the
+distribution is the constrained one, the disallowed tokens' logits -inf before the
+logsumexp, so log p(y_t) = z[y_t] - logsumexp_{v allowed} z_v, the log-prob the sampler
+recorded; its gradient (1[v = y] - p_v) / T has p_v = 0 off the allowed set.
 """
 
 from __future__ import annotations
@@ -98,11 +103,22 @@ def trunk_of(model: nn.Module) -> nn.Module:
 
 
 def _linear_logits(
-    h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    temperature: float,
+    allowed: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """z = (W h + b) / T as a fresh float32 [n, V] tensor (float32 even for bf16 models)."""
+    """z = (W h + b) / T as a fresh float32 [n, V] tensor (float32 even for bf16 models);
+    -inf off `allowed` [n, V] when given (module docstring)."""
     z = nn.functional.linear(h, weight, bias).float()
-    return z.div_(temperature)
+    z = z.div_(temperature)
+    return z if allowed is None else z.masked_fill_(~allowed, float("-inf"))
+
+
+def _entropy_of_logp(logp: torch.Tensor) -> torch.Tensor:
+    """H = -sum_v p_v log p_v from log-probs [n, V]; a -inf (disallowed) term counts 0."""
+    return -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)
 
 
 class _LinearHeadLogProb(torch.autograd.Function):
@@ -123,15 +139,16 @@ class _LinearHeadLogProb(torch.autograd.Function):
         y: torch.Tensor,
         temperature: float,
         with_entropy: bool,
+        allowed: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        z = _linear_logits(h, weight, bias, temperature)
+        z = _linear_logits(h, weight, bias, temperature, allowed)
         lse = torch.logsumexp(z, -1)
         logp = z.gather(-1, y[:, None]).squeeze(-1) - lse
         entropy = logp.new_empty(0)
         if with_entropy:
             z.sub_(lse[:, None])  # z := log p
-            entropy = -(z.exp().mul_(z)).sum(-1)  # H = -sum_v p_v log p_v
-        ctx.save_for_backward(h, weight, bias, y, lse)
+            entropy = _entropy_of_logp(z) if allowed is not None else -(z.exp().mul_(z)).sum(-1)
+        ctx.save_for_backward(h, weight, bias, y, lse, allowed)
         ctx.temperature = temperature
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
@@ -140,8 +157,8 @@ class _LinearHeadLogProb(torch.autograd.Function):
     def backward(
         ctx: torch.autograd.function.FunctionCtx, grad_logp: torch.Tensor, _grad_entropy: None
     ) -> tuple[torch.Tensor | None, ...]:
-        h, weight, bias, y, lse = ctx.saved_tensors
-        grad = _linear_logits(h, weight, bias, ctx.temperature)
+        h, weight, bias, y, lse, allowed = ctx.saved_tensors
+        grad = _linear_logits(h, weight, bias, ctx.temperature, allowed)
         grad.sub_(lse[:, None]).exp_()  # p
         grad[torch.arange(len(y), device=y.device), y] -= 1.0  # p - onehot(y)
         grad.mul_((-grad_logp / ctx.temperature)[:, None])  # g (onehot - p) / T
@@ -149,38 +166,55 @@ class _LinearHeadLogProb(torch.autograd.Function):
         grad_h = grad @ weight if ctx.needs_input_grad[0] else None
         grad_w = grad.T @ h if ctx.needs_input_grad[1] else None
         grad_b = grad.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
-        return grad_h, grad_w, grad_b, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None
 
 
 def _module_logp_entropy(
-    h: torch.Tensor, y: torch.Tensor, head: nn.Module, temperature: float, with_entropy: bool
+    h: torch.Tensor,
+    y: torch.Tensor,
+    head: nn.Module,
+    temperature: float,
+    with_entropy: bool,
+    allowed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log p(y) and entropy for one chunk through any head module (e.g. a LoRA-wrapped one)."""
     z = head(h).float() / temperature
+    if allowed is not None:
+        z = z.masked_fill(~allowed, float("-inf"))
     lse = z.logsumexp(-1)
     logp = z.gather(-1, y[:, None]).squeeze(-1) - lse
     if not with_entropy:
         return logp, logp.new_empty(0)
     with torch.no_grad():  # entropy is a metric: no gradient, nothing saved for backward
-        entropy = lse - (torch.softmax(z, -1) * z).sum(-1)
+        if allowed is None:  # the unconstrained formula, bit for bit as before
+            entropy = lse - (torch.softmax(z, -1) * z).sum(-1)
+        else:
+            entropy = _entropy_of_logp(z - lse[:, None])
     return logp, entropy
 
 
 def _chunk_logp_entropy(
-    h: torch.Tensor, y: torch.Tensor, head: nn.Module, temperature: float, with_entropy: bool
+    h: torch.Tensor,
+    y: torch.Tensor,
+    head: nn.Module,
+    temperature: float,
+    with_entropy: bool,
+    allowed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if type(head) is nn.Linear:
-        return _LinearHeadLogProb.apply(h, head.weight, head.bias, y, temperature, with_entropy)
+        return _LinearHeadLogProb.apply(
+            h, head.weight, head.bias, y, temperature, with_entropy, allowed
+        )
     needs_grad = torch.is_grad_enabled() and (
         h.requires_grad or any(p.requires_grad for p in head.parameters())
     )
     if not needs_grad:
-        return _module_logp_entropy(h, y, head, temperature, with_entropy)
+        return _module_logp_entropy(h, y, head, temperature, with_entropy, allowed)
     # Other heads: non-reentrant checkpoint saves only the chunk's inputs and the backward
     # recomputes the chunk's logits, so at most one chunk of [n, V] (and its autograd
     # intermediates) exists at any time.
     return checkpoint(
-        _module_logp_entropy, h, y, head, temperature, with_entropy, use_reentrant=False
+        _module_logp_entropy, h, y, head, temperature, with_entropy, allowed, use_reentrant=False
     )
 
 
@@ -192,15 +226,22 @@ def chunked_head_logprobs(
     temperature: float = 1.0,
     chunk_size: int = 1024,
     with_entropy: bool = False,
+    allowed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log p(targets) [N] (and entropy [N]) for hidden [N, d], `chunk_size` rows at a time."""
+    """log p(targets) [N] (and entropy [N]) for hidden [N, d], `chunk_size` rows at a time;
+    over the `allowed` [N, V] tokens only when given (module docstring)."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     logps, entropies = [], []
     for start in range(0, hidden.shape[0], chunk_size):
         rows = slice(start, start + chunk_size)
         logp, entropy = _chunk_logp_entropy(
-            hidden[rows], targets[rows], head, temperature, with_entropy
+            hidden[rows],
+            targets[rows],
+            head,
+            temperature,
+            with_entropy,
+            None if allowed is None else allowed[rows].to(hidden.device),
         )
         logps.append(logp)
         entropies.append(entropy)
@@ -226,6 +267,7 @@ def response_logprobs(
     with_entropy: bool = False,
     with_hidden: bool = False,
     share_prompts: bool = True,
+    allowed: torch.Tensor | None = None,
 ) -> LogProbOutput:
     """Log-probs [B, R] of the last `response_len` tokens of each row, chunked over the vocab
     head (see module docstring); works for a Hugging Face causal LM or a PEFT-wrapped one.
@@ -233,10 +275,13 @@ def response_logprobs(
     layer the same number of times, whatever its rows' prompts).
 
     A policy of another kind (a Plackett–Luce ranker, `models.ranker`) computes its own
-    per-action log-probs: one that defines `response_logprobs` is called with these inputs."""
+    per-action log-probs: one that defines `response_logprobs` is called with these inputs.
+    `allowed` [B, response_len, V]: the constrained distribution (module docstring)."""
     _check_inputs(input_ids, attention_mask, response_len, temperature)
     own = getattr(model, "response_logprobs", None)
     if own is not None:
+        if allowed is not None:
+            raise ValueError(f"{type(model).__name__} takes no grammar-constrained log-probs")
         return own(
             input_ids,
             attention_mask,
@@ -257,6 +302,7 @@ def response_logprobs(
         temperature=temperature,
         chunk_size=chunk_size,
         with_entropy=with_entropy,
+        allowed=None if allowed is None else allowed.reshape(batch * response_len, -1),
     )
     return LogProbOutput(
         logp=logp.view(batch, response_len),

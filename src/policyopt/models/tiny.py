@@ -7,7 +7,9 @@ and its tokenizer with `save_pretrained`, and `tiny_model_path` caches one such 
 Sizes by name: `tiny` is the default (hidden 128, 4 layers, 0.88 M parameters); `tiny-HxL` is
 the same architecture with hidden size H (a multiple of 32: heads of 32 dimensions, MLP 3H)
 and L layers, e.g. `tiny-256x6`, for tasks the default is too small for (the Countdown
-recipe). Each size is built once and cached under its own name.
+recipe); `tiny-HxL-pN` also sets the positions (`max_position_embeddings`, default 512) to N,
+for prompts longer than 512 characters (the DMRL editor's: `tiny-128x4-p1024` is `tiny`,
+same weights, with 1024 positions). Each size is built once and cached under its own name.
 
 The tokenizer maps every printable ASCII character (digits, operators, letters, HTML and
 LaTeX punctuation, space, tab, newline) to exactly one token, so `decode(encode(s)) == s` for
@@ -44,12 +46,13 @@ TINY_CONFIG_DEFAULTS: dict[str, Any] = {
 }
 
 
-EMBEDDED_SIZE = re.compile(r"tiny-(\d+)x(\d+)")
+EMBEDDED_SIZE = re.compile(r"tiny-(\d+)x(\d+)(?:-p(\d+))?")
 
 
 def embedded_size(name: str) -> dict[str, Any] | None:
     """The config overrides of an embedded model name: `{}` for `tiny`, hidden size, heads,
-    MLP width and layers for `tiny-HxL`; None when `name` is not an embedded model."""
+    MLP width and layers for `tiny-HxL`, and positions for `tiny-HxL-pN`; None when `name`
+    is not an embedded model."""
     if name == "tiny":
         return {}
     match = EMBEDDED_SIZE.fullmatch(name)
@@ -61,12 +64,18 @@ def embedded_size(name: str) -> dict[str, Any] | None:
             f"embedded model {name!r}: tiny-HxL needs a hidden size H that is a multiple of 32 "
             f"in 32-2048 and 1-48 layers L (e.g. tiny-256x6)"
         )
-    return {
+    sizes = {
         "hidden_size": hidden,
         "num_attention_heads": hidden // 32,
         "intermediate_size": 3 * hidden,
         "num_hidden_layers": layers,
     }
+    if match.group(3) is not None:
+        n = int(match.group(3))
+        if not 16 <= n <= 32768:
+            raise ValueError(f"embedded model {name!r}: -pN needs 16 <= N <= 32768 positions")
+        sizes["max_position_embeddings"] = n
+    return sizes
 
 
 def build_char_tokenizer(model_max_length: int = 512) -> PreTrainedTokenizerFast:

@@ -39,7 +39,7 @@ from policyopt.methods.dmrl.lrp_train import (
 )
 from policyopt.methods.dmrl.surrogate import SurrogateIndex
 from policyopt.models.threads import apply_num_threads
-from policyopt.models.tiny import build_char_tokenizer, cache_dir
+from policyopt.models.tiny import build_char_tokenizer, cache_dir, embedded_size
 from policyopt.recipes.pipeline import warm_started_policy
 from policyopt.tasks.adsim.abtest import AdPlatform
 from policyopt.tasks.adsim.history import make_history
@@ -143,7 +143,7 @@ def train_and_evaluate_lrp(options: dict[str, Any], out: Path) -> dict[str, floa
 
 def _tokenizer_for(config: Config) -> Any:
     """The editor's tokenizer (for the budget check, before any model is trained)."""
-    if config.model.name_or_path == "tiny":
+    if embedded_size(config.model.name_or_path) is not None:
         return build_char_tokenizer()
     return AutoTokenizer.from_pretrained(config.model.name_or_path)
 

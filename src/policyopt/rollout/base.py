@@ -62,6 +62,10 @@ class Rollouts:
     # False when the engine could not compute `entropy` (vLLM returns no full distribution:
     # rollout/vllm_engine.py); `entropy` then holds zeros, and what reads it must refuse.
     has_entropies: bool = True
+    # [N, R, V] bool: the tokens a grammar allowed at each response position (constrained
+    # decoding, `rollout.grammar`); `logp` is then the constrained distribution's and the
+    # trainer recomputes it over the same tokens. None: unconstrained.
+    allowed: torch.Tensor | None = None
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -89,6 +93,7 @@ class Rollouts:
             entropies=self.entropies[index],
             truncated=self.truncated[index],
             hidden=pick(self.hidden),
+            allowed=pick(self.allowed),
             structure={
                 k: select_structure(v, index, k in self.pairwise) for k, v in self.structure.items()
             },
@@ -158,6 +163,11 @@ def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
     if all(r.hidden is not None for r in parts):
         hidden = torch.cat([right(r.hidden, t, 0.0) for r in parts])
     structure, pairwise = concat_structure(parts, t)
+    allowed = None
+    if any(r.allowed is not None for r in parts):
+        # unconstrained parts, and padding, allow every token (only masked positions)
+        vocab = next(r.allowed.shape[-1] for r in parts if r.allowed is not None)
+        allowed = torch.cat([_allowed_or_all(r, vocab, t) for r in parts])
     return Rollouts(
         prompt_ids=torch.cat([left(r.prompt_ids, p, pad_id) for r in parts]),
         prompt_mask=torch.cat([left(r.prompt_mask, p, 0) for r in parts]),
@@ -171,7 +181,16 @@ def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
         structure=structure,
         pairwise=pairwise,
         has_entropies=all(r.has_entropies for r in parts),
+        allowed=allowed,
     )
+
+
+def _allowed_or_all(r: Rollouts, vocab: int, width: int) -> torch.Tensor:
+    """`r.allowed` right-padded to `width` with all-True rows (all True when None)."""
+    out = torch.ones(len(r), width, vocab, dtype=torch.bool)
+    if r.allowed is not None:
+        out[:, : r.allowed.shape[1]] = r.allowed
+    return out
 
 
 class MissingEntropyError(ValueError):

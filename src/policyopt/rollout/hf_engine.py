@@ -13,6 +13,12 @@ cache lives in buffers sized for the whole response (`transformers`' `DynamicLay
 r's cache holds its prompt and every response token but the last, so a continuation from any
 position of the response (DATPO's forks, `policyopt.rollout.tree`) starts from it without
 running the prefix through the model again.
+
+`grammar` (`rollout.engine_options.grammar`, a name in `rollout.grammar.GRAMMARS`) constrains
+every row's completion to a grammar of its prompt: the disallowed tokens' logits are -inf
+before sampling, and the rollouts carry the allowed sets so that the trainer's log-probs are
+the constrained distribution's too (`rollout/grammar.py`). A constrained engine offers no
+tree rollouts (a fork would need the grammar state at its position).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from policyopt.rollout.base import (
     SamplingParams,
     concat_rollouts,
 )
+from policyopt.rollout.grammar import GrammarConstraint, RowMatchers
 from policyopt.rollout.llama_step import LlamaDecodeStep
 from policyopt.rollout.sampling import sample_next
 
@@ -78,8 +85,14 @@ class HFEngine(RolloutEngine):
         batch_size: int = 256,
         generator: torch.Generator | None = None,
         lean_decode: bool = True,
+        grammar: str | None = None,
     ) -> None:
         self.model = model
+        self.grammar = None
+        if grammar is not None:
+            vocab = model.get_output_embeddings().weight.shape[0]
+            self.grammar = GrammarConstraint.of(grammar, tokenizer, vocab)
+            self.tree_rollouts = False
         # Decode a Llama model through its modules, not its forward (same logits; `llama_step`).
         self.lean_decode = lean_decode
         self.tokenizer = tokenizer  # strategies that read text (DATPO's sentence forks)
@@ -167,6 +180,7 @@ class HFEngine(RolloutEngine):
                 budget,
                 params,
                 on_finished,
+                matchers=None if self.grammar is None else self.grammar.start(prompts),
             )
         rollouts = to_rollouts(prefix_ids[copy], prefix_mask[copy], decoded, hidden_steps)
         return rollouts, decoded.cache, prefix_ids.shape[1]
@@ -180,11 +194,13 @@ class HFEngine(RolloutEngine):
         budget: torch.Tensor,
         params: SamplingParams,
         on_finished: FinishedFn | None = None,
+        matchers: RowMatchers | None = None,
     ) -> Decoded:
         """Sample from `logits` [n, V] (the prefill's last position) on, one forward per token
         with the KV `cache`, until every row hit EOS or its token `budget` [n]. `mask` is the
         attention mask so far and `pos` [n, 1] each row's last position id; `on_finished`
-        (`RolloutEngine.generate`) hears of each row as it samples its EOS."""
+        (`RolloutEngine.generate`) hears of each row as it samples its EOS; `matchers` (a
+        grammar's per-row state, module docstring) constrain each row's tokens."""
         device = logits.device
         budget = budget.to(device)
         steps = int(budget.max())
@@ -199,17 +215,24 @@ class HFEngine(RolloutEngine):
         mask4 = mask.bool()[:, None, None, :] if lean is not None else None
         alive = torch.ones(logits.shape[0], dtype=torch.bool, device=device)
         finished = torch.zeros_like(alive)
-        tokens, logps, ents, alive_steps = [], [], [], []
+        tokens, logps, ents, alive_steps, allowed_steps = [], [], [], [], []
         for step in range(steps):
             alive = alive & (step < budget)
+            allowed = None
+            if matchers is not None:
+                allowed = matchers.allowed(alive.cpu())
+                allowed_steps.append(allowed)
             tok, lp, ent = sample_next(
                 logits,
                 temperature=params.temperature,
                 top_p=params.top_p,
                 greedy=params.greedy,
                 generator=self.generator,
+                allowed=allowed,
             )
             tok = tok.masked_fill(~alive, self.pad_id)
+            if matchers is not None:
+                matchers.accept(tok.cpu(), alive.cpu())
             tokens.append(tok)
             logps.append(lp)
             ents.append(ent)
@@ -245,6 +268,7 @@ class HFEngine(RolloutEngine):
             mask=torch.stack(alive_steps, 1).float(),
             finished=finished,
             cache=cache,
+            allowed=torch.stack(allowed_steps, 1) if allowed_steps else None,
         )
 
     def _lean_step(self, cache: object) -> LlamaDecodeStep | None:
@@ -276,6 +300,7 @@ class Decoded:
     mask: torch.Tensor
     finished: torch.Tensor
     cache: object = None
+    allowed: torch.Tensor | None = None  # [n, steps, V] bool under a grammar (CPU)
 
 
 @dataclass
@@ -413,4 +438,5 @@ def to_rollouts(
         truncated=(~d.finished).cpu(),
         generated_tokens=int(d.mask.sum().item()),
         hidden=hidden,
+        allowed=d.allowed,
     )

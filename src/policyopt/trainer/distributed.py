@@ -183,7 +183,14 @@ class PolicyForward(nn.Module):
         # layer twice, and each call is an all-gather that the other ranks must match).
         self.share_prompts = True
 
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor, width: int) -> torch.Tensor:
+    def forward(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        width: int,
+        allowed: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """`allowed` [B, width, V]: the grammar's allowed tokens (`Rollouts.allowed`)."""
         logp = response_logprobs(
             self.policy,
             ids,
@@ -192,6 +199,7 @@ class PolicyForward(nn.Module):
             temperature=self.temperature,
             chunk_size=self.chunk_size,
             share_prompts=self.share_prompts,
+            allowed=allowed,
         ).logp
         if self.grad_scale != 1.0 and logp.requires_grad:
             logp.register_hook(lambda g: g * self.grad_scale)

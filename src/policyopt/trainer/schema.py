@@ -54,7 +54,8 @@ class RolloutConfig(Section):
     # "hf" (the trainer's own model) or "vllm" (extra `vllm`; docs/guides/vllm.md).
     engine: str = "hf"
     # Keyword options of the engine, e.g. for vllm: gpu_memory_utilization, dtype,
-    # enforce_eager, kv_cache_memory_bytes, entropies.
+    # enforce_eager, kv_cache_memory_bytes, entropies; for hf: grammar (a registered grammar
+    # the completions are constrained to, e.g. skill_edit; extra `dmrl`, rollout/grammar.py).
     engine_options: dict[str, Any] = {}
     # "parallel" (G samples per prompt) or a registered strategy such as DATPO's tree.
     strategy: str = "parallel"

@@ -25,7 +25,7 @@ from policyopt.core.diagnostics import ratio_diagnostics
 from policyopt.core.losses import LossInputs, Normalisers, apply_policy_loss
 from policyopt.core.structure import gather
 from policyopt.core.tis import ISWeights
-from policyopt.rollout.base import require_entropies
+from policyopt.rollout.base import Rollouts, require_entropies
 from policyopt.trainer.batch import Batch, consumer_structure, slice_structure, trim
 from policyopt.trainer.distributed import Dist, MetricPool, MicroBatches, to_local_float
 
@@ -141,10 +141,19 @@ def batch_logprobs(policy: torch.nn.Module, batch: Batch, opt: Optimization) -> 
             ids, mask, width = trim(
                 r.prompt_ids[rows], r.prompt_mask[rows], r.response_ids[rows], r.response_mask[rows]
             )
-            lp = policy(ids, mask, width)
+            lp = policy(ids, mask, width, **allowed_of(r, rows, width))
             if passes.counts:
                 out[rows, :width] = lp.float()
     return out
+
+
+def allowed_of(r: Rollouts, rows: torch.Tensor, width: int) -> dict[str, torch.Tensor]:
+    """The policy's `allowed` keyword for rows `rows` when the rollouts were decoded under a
+    grammar (the constrained distribution, `rollout/grammar.py`); none otherwise, so that a
+    policy without the keyword is called as before."""
+    if r.allowed is None:
+        return {}
+    return {"allowed": r.allowed[rows, :width]}
 
 
 def minibatch_step(
@@ -172,7 +181,7 @@ def minibatch_step(
         ids, mask, width = trim(
             r.prompt_ids[rows], r.prompt_mask[rows], r.response_ids[rows], r.response_mask[rows]
         )
-        logp = opt.policy(ids, mask, width)
+        logp = opt.policy(ids, mask, width, **allowed_of(r, rows, width))
         m = loss_mask[rows, :width]
         adv = batch.advantages[rows]
         if adv.dim() == 2:

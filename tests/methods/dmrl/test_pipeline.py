@@ -92,4 +92,7 @@ def test_quickstart_dmrl_tiny(tmp_path, monkeypatch):
         assert np.isfinite(d["true_lift"]) and np.isfinite(d["random_true_lift"])
     assert saved["truncated_fraction"] == pytest.approx(sum(d["truncated"] for d in days) / 8)
     assert saved["malformed_fraction"] == pytest.approx(sum(d["malformed"] for d in days) / 8)
+    # the recipe decodes under the edit grammar: an edit can be cut, never malformed
+    assert config.rollout.engine_options == {"grammar": "skill_edit"}
+    assert saved["malformed_fraction"] == 0
     assert saved["edit_token_budget"] == 57 == config.rollout.max_new_tokens

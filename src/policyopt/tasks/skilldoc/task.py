@@ -34,6 +34,7 @@ import numpy as np
 from policyopt.tasks.adsim.abtest import WORLD_NAMES, AdPlatform
 from policyopt.tasks.adsim.history import burn_in
 from policyopt.tasks.base import TASKS, Task
+from policyopt.tasks.skilldoc import grammar as _grammar  # noqa: F401  (grammar `skill_edit`)
 from policyopt.tasks.skilldoc.document import SkillDocument, parse_document, read_edit
 from policyopt.tasks.skilldoc.env import LIVE_ENVIRONMENTS, Outcome, SkillEnv, render_prompt
 from policyopt.tasks.skilldoc.rule_agent import LowerAgent, RuleAgent

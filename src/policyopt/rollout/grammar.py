@@ -1,0 +1,131 @@
+"""Decoding constrained to a grammar: a per-row mask of the tokens a grammar allows next.
+
+`rollout.engine_options.grammar: NAME` (the `hf` engine) names a grammar in `GRAMMARS`: a
+factory () -> `GrammarSource`, whose `ebnf(prompt_text)` is the grammar (xgrammar's EBNF) of
+the completions of that prompt (a task's grammar may depend on its prompt: DMRL's edit
+grammar lists the sections and rule numbers of the document in the prompt). `xgrammar`
+compiles it against the tokenizer's vocabulary and tracks, per row, which tokens may come
+next (`RowMatchers`); the engine masks the other tokens' logits to -inf before sampling.
+
+The sampled policy is then the constrained one, π_c(y | s) = π(y | s) 1[y ∈ A(s)] / Z(s),
+Z(s) = Σ_{v ∈ A(s)} π(v | s). Its log-probs are what the engine records, and the trainer
+must recompute the same ones (log-softmax over the allowed tokens only), or the importance
+ratio π_θ / π_old at the first update is Z(s) instead of 1, and the gradient misses the
+−∇ log Z(s) term. So the rollouts carry the allowed sets (`Rollouts.allowed`, [N, R, V]
+bool) and the log-prob path masks with them (`models.logprobs`).
+
+`xgrammar` is an optional dependency (the `dmrl` extra); it is imported only when a grammar
+is asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+from policyopt.core.registry import Registry
+
+
+class GrammarSource(Protocol):
+    def ebnf(self, prompt_text: str) -> str:
+        """The grammar (xgrammar EBNF, rule `root`) of the completions of `prompt_text`; the
+        completion ends with the tokenizer's EOS once `root` is matched."""
+
+
+# name -> factory() -> GrammarSource
+GRAMMARS: Registry[Callable[[], GrammarSource]] = Registry("grammar")
+
+
+def _xgrammar() -> Any:
+    try:
+        import xgrammar
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "rollout.engine_options.grammar needs the `xgrammar` package: "
+            "pip install 'policyopt[dmrl]' (or pip install xgrammar)"
+        ) from err
+    return xgrammar
+
+
+def vocabulary(tokenizer: Any) -> list[str]:
+    """Each token id's text, in id order; special tokens (pad, BOS, EOS, unk...) as "" so
+    that no grammar can match them as text (xgrammar treats empty tokens as special)."""
+    special = set(tokenizer.all_special_ids)
+    size = len(tokenizer)
+    return [
+        "" if i in special else tokenizer.convert_tokens_to_string([tok])
+        for i, tok in enumerate(tokenizer.convert_ids_to_tokens(list(range(size))))
+    ]
+
+
+class GrammarConstraint:
+    """A grammar source compiled against one tokenizer; compiled grammars are cached by text
+    (a group's G rows, and consecutive steps on one document, share one compilation)."""
+
+    def __init__(self, tokenizer: Any, source: GrammarSource, vocab_size: int) -> None:
+        xgr = _xgrammar()
+        self.tokenizer, self.source = tokenizer, source
+        self.vocab_size = vocab_size  # the model's logits width (may exceed the tokenizer's)
+        stop = [tokenizer.eos_token_id]
+        info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=stop
+        )
+        if info.vocab_type == xgr.VocabType.RAW:  # e.g. the embedded character tokenizer:
+            # its special tokens' texts ("<pad>") would otherwise be matchable text
+            info = xgr.TokenizerInfo(
+                vocabulary(tokenizer),
+                vocab_type=xgr.VocabType.RAW,
+                vocab_size=vocab_size,
+                stop_token_ids=stop,
+            )
+        self._compiler = xgr.GrammarCompiler(info)
+        self._compiled: dict[str, Any] = {}
+
+    @staticmethod
+    def of(name: str, tokenizer: Any, vocab_size: int) -> GrammarConstraint:
+        import policyopt.tasks  # noqa: F401  (tasks register their grammars)
+
+        return GrammarConstraint(tokenizer, GRAMMARS.get(name)(), vocab_size)
+
+    def compiled(self, ebnf: str) -> Any:
+        if ebnf not in self._compiled:
+            self._compiled[ebnf] = self._compiler.compile_grammar(ebnf)
+        return self._compiled[ebnf]
+
+    def start(self, prompts: list[list[int]]) -> RowMatchers:
+        """One matcher per row, at the start of its completion of prompt `prompts[row]`."""
+        texts = self.tokenizer.batch_decode(prompts, skip_special_tokens=True)
+        return RowMatchers([self.compiled(self.source.ebnf(t)) for t in texts], self.vocab_size)
+
+
+class RowMatchers:
+    """Per-row grammar state during one decode: `allowed` the next tokens, `accept` one."""
+
+    def __init__(self, grammars: list[Any], vocab_size: int) -> None:
+        xgr = _xgrammar()
+        self.matchers = [xgr.GrammarMatcher(g) for g in grammars]
+        self.vocab_size = vocab_size
+        self._bitmask = xgr.allocate_token_bitmask(len(grammars), vocab_size)
+        self._fill = xgr.GrammarMatcher.fill_next_token_bitmask
+        ids = torch.arange(vocab_size)
+        self._word, self._bit = ids // 32, ids % 32
+
+    def allowed(self, alive: torch.Tensor) -> torch.Tensor:
+        """[n, V] bool: the tokens each alive row's grammar allows next; every token for the
+        other rows (their samples are padding, masked out; an all-False row would be NaN)."""
+        out = torch.ones(len(self.matchers), self.vocab_size, dtype=torch.bool)
+        rows = alive.nonzero().flatten().tolist()
+        for row in rows:
+            self._fill(self.matchers[row], self._bitmask, row)
+        if rows:
+            words = self._bitmask[rows][:, self._word]  # [k, V] int32
+            out[rows] = ((words >> self._bit) & 1).bool()
+        return out
+
+    def accept(self, tokens: torch.Tensor, alive: torch.Tensor) -> None:
+        for row in alive.nonzero().flatten().tolist():
+            token = int(tokens[row])
+            if not self.matchers[row].accept_token(token):
+                raise RuntimeError(f"grammar rejected token {token} that its own mask allowed")
