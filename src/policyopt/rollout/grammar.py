@@ -85,8 +85,8 @@ class GrammarConstraint:
 
     @staticmethod
     def of(name: str, tokenizer: Any, vocab_size: int) -> GrammarConstraint:
-        import policyopt.tasks  # noqa: F401  (tasks register their grammars)
-
+        # Grammars are registered by the tasks that define them (tasks/skilldoc/grammar.py),
+        # imported with the task before an engine is built; rollout/ never imports tasks/.
         return GrammarConstraint(tokenizer, GRAMMARS.get(name)(), vocab_size)
 
     def compiled(self, ebnf: str) -> Any:
