@@ -30,3 +30,33 @@ def test_one_value_has_no_interval_and_none_is_an_error():
     assert mean == 0.1 and math.isnan(half)
     with pytest.raises(ValueError, match="no values"):
         mean_ci([])
+
+
+def test_stats_import_without_torch_and_the_core_api_keeps_its_registries():
+    # cli tables import core.stats at module level: `policyopt --help` must stay torch-free,
+    # so the core package's own imports are lazy. Its public names still resolve, with the
+    # "hispo" loss (registered by core.segment_loss) in the loss registry.
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import sys
+        import policyopt.core.stats
+        print("torch" in sys.modules)
+        from policyopt.core import POLICY_LOSSES, pass_at_k
+        print("hispo" in POLICY_LOSSES, callable(pass_at_k))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True", "True"]
+
+
+def test_the_core_api_lists_every_lazy_name():
+    import policyopt.core as core
+
+    for name in core.__all__:
+        assert getattr(core, name) is not None
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        core.nope  # noqa: B018

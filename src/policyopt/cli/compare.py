@@ -11,13 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-
-def mean_ci(values: list[float]) -> tuple[float, float]:
-    """`policyopt.core.stats.mean_ci`, imported on use: `policyopt --help` must not import
-    torch (`policyopt.core` does)."""
-    from policyopt.core.stats import mean_ci as t_interval
-
-    return t_interval(values)
+from policyopt.core.stats import mean_ci
 
 
 def add_compare(sub: argparse._SubParsersAction) -> None:

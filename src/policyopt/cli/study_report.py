@@ -10,15 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from policyopt.cli.study import Run
-
-
-def mean_ci(values: list[float]) -> tuple[float, float]:
-    """`policyopt.core.stats.mean_ci`, imported on use: `policyopt --help` must not import
-    torch (`policyopt.core` does)."""
-    from policyopt.core.stats import mean_ci as t_interval
-
-    return t_interval(values)
-
+from policyopt.core.stats import mean_ci
 
 # Logged every step: the learning curve, then the mechanism metrics (whatever the loss).
 CURVE = "reward/mean"

@@ -2,14 +2,51 @@
 
 No model, no I/O, no config objects: the part to check against the papers' formulas, and
 the part other trainers can import on its own.
+
+The names below load on first use (PEP 562), so that torch-free modules of this package
+(`policyopt.core.stats`) import without torch: the cli's tables use them, and
+`policyopt --help` must start in well under a second.
 """
 
-from policyopt.core import segment_loss  # noqa: F401  (registers the "hispo" loss)
-from policyopt.core.advantages import ADVANTAGES, advantages_and_metrics, compute_advantages
-from policyopt.core.aggregation import AGG_MODES, aggregate, global_normalisers
-from policyopt.core.evaluation import avg_at_k, maj_at_k, pass_at_k, pass_at_k_curve
-from policyopt.core.kl import KL_ESTIMATORS, kl_penalty
-from policyopt.core.losses import POLICY_LOSSES, LossInputs, Normalisers, compute_policy_loss
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from policyopt.core.advantages import (
+        ADVANTAGES,
+        advantages_and_metrics,
+        compute_advantages,
+    )
+    from policyopt.core.aggregation import AGG_MODES, aggregate, global_normalisers
+    from policyopt.core.evaluation import avg_at_k, maj_at_k, pass_at_k, pass_at_k_curve
+    from policyopt.core.kl import KL_ESTIMATORS, kl_penalty
+    from policyopt.core.losses import (
+        POLICY_LOSSES,
+        LossInputs,
+        Normalisers,
+        compute_policy_loss,
+    )
+
+_HOME = {
+    "ADVANTAGES": "advantages",
+    "advantages_and_metrics": "advantages",
+    "compute_advantages": "advantages",
+    "AGG_MODES": "aggregation",
+    "aggregate": "aggregation",
+    "global_normalisers": "aggregation",
+    "avg_at_k": "evaluation",
+    "maj_at_k": "evaluation",
+    "pass_at_k": "evaluation",
+    "pass_at_k_curve": "evaluation",
+    "KL_ESTIMATORS": "kl",
+    "kl_penalty": "kl",
+    "POLICY_LOSSES": "losses",
+    "LossInputs": "losses",
+    "Normalisers": "losses",
+    "compute_policy_loss": "losses",
+}
 
 __all__ = [
     "ADVANTAGES",
@@ -29,3 +66,15 @@ __all__ = [
     "pass_at_k",
     "pass_at_k_curve",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'policyopt.core' has no attribute {name!r}")
+    # The "hispo" loss registers itself in POLICY_LOSSES from its own module: load it with
+    # any public name, so the registries are complete whichever name comes first.
+    importlib.import_module("policyopt.core.segment_loss")
+    value = getattr(importlib.import_module(f"policyopt.core.{home}"), name)
+    globals()[name] = value
+    return value
