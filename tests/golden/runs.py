@@ -5,7 +5,9 @@ projection on a fixed random direction) and the logged metrics (wall-clock field
 Bits depend on the CPU: the same code and packages on another x86 CPU (other SIMD kernels
 for exp, log and matmul) give differences of about 1e-7 relative after a few steps (measured:
 AMD EPYC against the recording machine, entropy first). So the test compares the
-fingerprint and the metrics to a relative 1e-5, and the SHA-256 only when asked
+metrics to a relative 1e-5, the fingerprint to 1e-4 of each tensor's norm (the final
+weights carry every step's rounding: 2.8e-5 of the norm measured on another EPYC), and the
+SHA-256 only when asked
 (`POLICYOPT_GOLDEN_EXACT=1`, for a refactor proven bit for bit on the recording machine).
 
 A refactor of the training step must leave every summary identical (tests/golden/

@@ -1,6 +1,6 @@
 """Behaviour pinned: each golden run (tests/golden/runs.py) gives the recorded final weights
-and metrics lines, to a relative 1e-5 (bit for bit with POLICYOPT_GOLDEN_EXACT=1: the runs
-module says why bits differ between CPUs). Record again with `python tests/golden/record.py`
+and metrics lines: the metrics to a relative 1e-5, the weights to 1e-4 of each tensor's norm
+(bit for bit with POLICYOPT_GOLDEN_EXACT=1: the runs module says why bits differ between CPUs). Record again with `python tests/golden/record.py`
 only for a change of numbers made on purpose (named in the commit)."""
 
 import json
@@ -13,6 +13,11 @@ from golden.runs import GOLDEN, RUNS, run
 
 RECORDED = json.loads(GOLDEN.read_text())
 REL = 1e-5
+# The weights are compared more loosely than the metrics: a run's last weights carry every
+# step's rounding, and across CPUs (same code, same metrics to 1e-5) the hispo run's
+# o_proj sum differed by 2.8e-5 of its norm (AMD EPYC, session 27). Any change of a formula
+# moves the metrics first, which stay at REL.
+WEIGHT_REL = 1e-4
 
 
 def close(a: object, b: object) -> bool:
@@ -45,8 +50,8 @@ def weight_differences(got: dict, want: dict) -> list[str]:
     for name, (s, norm, proj) in got.items():
         ws, wnorm, wproj = want[name]
         # Rounding noise of relative size e per entry moves the norm, the sum and the
-        # projection by about e * norm: all three are held to REL * norm.
-        scale = REL * max(wnorm, 1e-6)
+        # projection by about e * norm: all three are held to WEIGHT_REL * norm.
+        scale = WEIGHT_REL * max(wnorm, 1e-6)
         if max(abs(norm - wnorm), abs(s - ws), abs(proj - wproj)) > scale:
             out.append(f"{name}: [{s}, {norm}, {proj}] != [{ws}, {wnorm}, {wproj}]")
     return out
@@ -63,8 +68,9 @@ def test_tolerance_catches_a_real_change():
     assert metric_differences([{"loss": 0.5005, "step": 1}], want)
     assert metric_differences([{"loss": 0.5, "step": 2}], want)
     weights = {"w": [3.0, 10.0, -2.0]}
-    assert weight_differences({"w": [3.0 + 1e-6, 10.0, -2.0]}, weights) == []
-    assert weight_differences({"w": [3.0, 10.0, -2.0 + 1e-3]}, weights)
+    assert weight_differences({"w": [3.0 + 1e-4, 10.0, -2.0]}, weights) == []
+    assert weight_differences({"w": [3.0, 10.0, -2.0 + 2e-3]}, weights)
+    assert weight_differences({"w": [3.0, 10.0 + 2e-3, -2.0]}, weights)
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
