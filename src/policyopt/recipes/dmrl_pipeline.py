@@ -38,8 +38,9 @@ from policyopt.methods.dmrl.lrp_train import (
     train_lrp,
 )
 from policyopt.methods.dmrl.surrogate import SurrogateIndex
+from policyopt.models.cache import cache_dir
 from policyopt.models.threads import apply_num_threads
-from policyopt.models.tiny import build_char_tokenizer, cache_dir, embedded_size
+from policyopt.models.tiny import build_char_tokenizer, embedded_size
 from policyopt.recipes.pipeline import warm_started_policy
 from policyopt.tasks.adsim.abtest import AdPlatform
 from policyopt.tasks.adsim.history import make_history

@@ -14,9 +14,9 @@ from rich.console import Console
 from rich.table import Table
 
 from policyopt import __version__
+from policyopt.models.cache import cache_dir
 from policyopt.models.loading import load_model
 from policyopt.models.threads import apply_num_threads
-from policyopt.models.tiny import cache_dir
 from policyopt.recipes.ranking import ranking_summary
 from policyopt.tasks.base import get_task
 from policyopt.trainer.config import Config
