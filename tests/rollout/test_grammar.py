@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from policyopt.core.token_bits import pack_token_bits
 from policyopt.models.loading import load_model
 from policyopt.models.logprobs import chunked_head_logprobs, response_logprobs
 from policyopt.rollout.base import SamplingParams, concat_rollouts
@@ -86,11 +87,13 @@ def test_trainer_logprobs_are_the_constrained_distributions(tiny) -> None:
     engine = HFEngine(model, tok, grammar="skill_edit", generator=torch.Generator().manual_seed(1))
     r = engine.generate([ids] * 4, SamplingParams(max_new_tokens=BUDGET, temperature=0.8))
     width = r.response_ids.shape[1]
-    assert r.allowed is not None and r.allowed.shape == (4, width, model.config.vocab_size)
+    words = -(-model.config.vocab_size // 32)  # packed: 32 tokens per int32 word
+    assert r.allowed_bits is not None and r.allowed_bits.shape == (4, width, words)
+    assert r.allowed_bits.dtype == torch.int32
     m = r.response_mask.bool()
     args = (model, r.input_ids(), r.attention_mask(), width)
     kw = {"temperature": 0.8, "with_entropy": True}
-    constrained = response_logprobs(*args, allowed=r.allowed, **kw)
+    constrained = response_logprobs(*args, allowed_bits=r.allowed_bits, **kw)
     torch.testing.assert_close(constrained.logp[m], r.logp[m], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(constrained.entropies[m], r.entropies[m], atol=1e-4, rtol=1e-4)
     # the trainer's path: the policy forward of the update, given the rollouts' allowed sets
@@ -115,7 +118,8 @@ def test_constrained_logprob_gradient_matches_autograd() -> None:
     allowed[torch.arange(5), y] = True
     allowed[4] = False
     allowed[4, 5] = True  # a position where the grammar forces the token
-    logp, _ = chunked_head_logprobs(h, y, head, temperature=0.7, chunk_size=2, allowed=allowed)
+    bits = pack_token_bits(allowed)
+    logp, _ = chunked_head_logprobs(h, y, head, temperature=0.7, chunk_size=2, allowed_bits=bits)
     (g,) = torch.autograd.grad(logp.sum(), h)
     z = (head(h) / 0.7).masked_fill(~allowed, float("-inf"))
     ref = torch.log_softmax(z, -1).gather(-1, y[:, None]).squeeze(-1)
@@ -134,8 +138,10 @@ def test_allowed_sets_survive_select_and_concat(tiny) -> None:
     plain = HFEngine(model, tok).generate([ids], SamplingParams(max_new_tokens=5))
     both = concat_rollouts([constrained, plain], tok.pad_token_id)
     width = both.response_ids.shape[1]
-    assert both.allowed.shape == (3, width, constrained.allowed.shape[-1])
-    assert torch.equal(both.allowed[:2, : constrained.allowed.shape[1]], constrained.allowed)
-    assert both.allowed[2].all()  # unconstrained rows allow every token
-    assert torch.equal(both.select(torch.tensor([1])).allowed, both.allowed[1:2])
+    bits = constrained.allowed_bits
+    assert both.allowed_bits.shape == (3, width, bits.shape[-1])
+    assert torch.equal(both.allowed_bits[:2, : bits.shape[1]], bits)
+    assert (both.allowed_bits[2] == -1).all()  # unconstrained rows allow every token
+    assert (both.allowed_bits[:2, bits.shape[1] :] == -1).all()  # and so does padding
+    assert torch.equal(both.select(torch.tensor([1])).allowed_bits, both.allowed_bits[1:2])
     assert not HFEngine(model, tok, grammar="skill_edit").tree_rollouts

@@ -19,7 +19,8 @@ that cache copied to the row. Causal attention makes a prompt's hidden states in
 what follows, so this is the same function, and gradients from all copies flow back into
 the one prompt pass; with G responses per prompt it saves (G - 1) / G of the prompt tokens.
 
-`allowed` [B, R, V] bool (rollouts decoded under a grammar, `rollout/grammar.py`): the
+`allowed_bits` [B, R, ceil(V / 32)] int32 (rollouts decoded under a grammar,
+`rollout/grammar.py`; packed, `core.token_bits`, and unpacked one chunk at a time): the
 distribution is the constrained one, the disallowed tokens' logits -inf before the
 logsumexp, so log p(y_t) = z[y_t] - logsumexp_{v allowed} z_v, the log-prob the sampler
 recorded; its gradient (1[v = y] - p_v) / T has p_v = 0 off the allowed set.
@@ -33,6 +34,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from policyopt.core.token_bits import unpack_token_bits
 
 try:  # transformers >= 4.56 keeps the cache as one object per layer
     from transformers.cache_utils import DynamicCache, DynamicLayer
@@ -110,10 +113,10 @@ def _linear_logits(
     allowed: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """z = (W h + b) / T as a fresh float32 [n, V] tensor (float32 even for bf16 models);
-    -inf off `allowed` [n, V] when given (module docstring)."""
+    -inf off `allowed` [n, >= V] bool when given (columns past V unused; module docstring)."""
     z = nn.functional.linear(h, weight, bias).float()
     z = z.div_(temperature)
-    return z if allowed is None else z.masked_fill_(~allowed, float("-inf"))
+    return z if allowed is None else z.masked_fill_(~allowed[:, : z.shape[-1]], float("-inf"))
 
 
 def _entropy_of_logp(logp: torch.Tensor) -> torch.Tensor:
@@ -180,7 +183,7 @@ def _module_logp_entropy(
     """log p(y) and entropy for one chunk through any head module (e.g. a LoRA-wrapped one)."""
     z = head(h).float() / temperature
     if allowed is not None:
-        z = z.masked_fill(~allowed, float("-inf"))
+        z = z.masked_fill(~allowed[:, : z.shape[-1]], float("-inf"))
     lse = z.logsumexp(-1)
     logp = z.gather(-1, y[:, None]).squeeze(-1) - lse
     if not with_entropy:
@@ -226,10 +229,11 @@ def chunked_head_logprobs(
     temperature: float = 1.0,
     chunk_size: int = 1024,
     with_entropy: bool = False,
-    allowed: torch.Tensor | None = None,
+    allowed_bits: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(targets) [N] (and entropy [N]) for hidden [N, d], `chunk_size` rows at a time;
-    over the `allowed` [N, V] tokens only when given (module docstring)."""
+    over the allowed tokens only when `allowed_bits` [N, ceil(V / 32)] (packed,
+    `core.token_bits`) is given, unpacked one chunk at a time (module docstring)."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     logps, entropies = [], []
@@ -241,11 +245,16 @@ def chunked_head_logprobs(
             head,
             temperature,
             with_entropy,
-            None if allowed is None else allowed[rows].to(hidden.device),
+            None if allowed_bits is None else _unpacked(allowed_bits[rows], hidden.device),
         )
         logps.append(logp)
         entropies.append(entropy)
     return torch.cat(logps), (torch.cat(entropies) if with_entropy else None)
+
+
+def _unpacked(words: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """[n, W] words -> [n, 32 W] bool on `device`; the head's V <= 32 W columns are used."""
+    return unpack_token_bits(words.to(device), 32 * words.shape[-1])
 
 
 def naive_head_logprobs(
@@ -267,7 +276,7 @@ def response_logprobs(
     with_entropy: bool = False,
     with_hidden: bool = False,
     share_prompts: bool = True,
-    allowed: torch.Tensor | None = None,
+    allowed_bits: torch.Tensor | None = None,
 ) -> LogProbOutput:
     """Log-probs [B, R] of the last `response_len` tokens of each row, chunked over the vocab
     head (see module docstring); works for a Hugging Face causal LM or a PEFT-wrapped one.
@@ -276,11 +285,12 @@ def response_logprobs(
 
     A policy of another kind (a Plackett–Luce ranker, `models.ranker`) computes its own
     per-action log-probs: one that defines `response_logprobs` is called with these inputs.
-    `allowed` [B, response_len, V]: the constrained distribution (module docstring)."""
+    `allowed_bits` [B, response_len, ceil(V / 32)]: the constrained distribution (module
+    docstring)."""
     _check_inputs(input_ids, attention_mask, response_len, temperature)
     own = getattr(model, "response_logprobs", None)
     if own is not None:
-        if allowed is not None:
+        if allowed_bits is not None:
             raise ValueError(f"{type(model).__name__} takes no grammar-constrained log-probs")
         return own(
             input_ids,
@@ -302,7 +312,9 @@ def response_logprobs(
         temperature=temperature,
         chunk_size=chunk_size,
         with_entropy=with_entropy,
-        allowed=None if allowed is None else allowed.reshape(batch * response_len, -1),
+        allowed_bits=None
+        if allowed_bits is None
+        else allowed_bits.reshape(batch * response_len, -1),
     )
     return LogProbOutput(
         logp=logp.view(batch, response_len),

@@ -55,7 +55,7 @@ def probe(model_dir: str, samples: int, max_new_tokens: int, seed: int) -> dict[
         result = {s: counts[s] / len(rows) for s in ("ok", "malformed", "truncated")}
         result["generation_seconds"] = seconds
         result["ms_per_token"] = 1000 * seconds / max(r.generated_tokens, 1)
-        if r.allowed is not None:
+        if r.allowed_bits is not None:
             width = r.response_ids.shape[1]
             args = (model, r.input_ids(), r.attention_mask(), width)
             with torch.no_grad():

@@ -62,10 +62,11 @@ class Rollouts:
     # False when the engine could not compute `entropy` (vLLM returns no full distribution:
     # rollout/vllm_engine.py); `entropy` then holds zeros, and what reads it must refuse.
     has_entropies: bool = True
-    # [N, R, V] bool: the tokens a grammar allowed at each response position (constrained
-    # decoding, `rollout.grammar`); `logp` is then the constrained distribution's and the
-    # trainer recomputes it over the same tokens. None: unconstrained.
-    allowed: torch.Tensor | None = None
+    # [N, R, ceil(V / 32)] int32, packed (`core.token_bits`): the tokens a grammar allowed at
+    # each response position (constrained decoding, `rollout.grammar`); `logp` is then the
+    # constrained distribution's and the trainer recomputes it over the same tokens.
+    # None: unconstrained.
+    allowed_bits: torch.Tensor | None = None
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -93,7 +94,7 @@ class Rollouts:
             entropies=self.entropies[index],
             truncated=self.truncated[index],
             hidden=pick(self.hidden),
-            allowed=pick(self.allowed),
+            allowed_bits=pick(self.allowed_bits),
             structure={
                 k: select_structure(v, index, k in self.pairwise) for k, v in self.structure.items()
             },
@@ -163,11 +164,11 @@ def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
     if all(r.hidden is not None for r in parts):
         hidden = torch.cat([right(r.hidden, t, 0.0) for r in parts])
     structure, pairwise = concat_structure(parts, t)
-    allowed = None
-    if any(r.allowed is not None for r in parts):
+    allowed_bits = None
+    if any(r.allowed_bits is not None for r in parts):
         # unconstrained parts, and padding, allow every token (only masked positions)
-        vocab = next(r.allowed.shape[-1] for r in parts if r.allowed is not None)
-        allowed = torch.cat([_allowed_or_all(r, vocab, t) for r in parts])
+        words = next(r.allowed_bits.shape[-1] for r in parts if r.allowed_bits is not None)
+        allowed_bits = torch.cat([_bits_or_all(r, words, t) for r in parts])
     return Rollouts(
         prompt_ids=torch.cat([left(r.prompt_ids, p, pad_id) for r in parts]),
         prompt_mask=torch.cat([left(r.prompt_mask, p, 0) for r in parts]),
@@ -181,15 +182,15 @@ def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
         structure=structure,
         pairwise=pairwise,
         has_entropies=all(r.has_entropies for r in parts),
-        allowed=allowed,
+        allowed_bits=allowed_bits,
     )
 
 
-def _allowed_or_all(r: Rollouts, vocab: int, width: int) -> torch.Tensor:
-    """`r.allowed` right-padded to `width` with all-True rows (all True when None)."""
-    out = torch.ones(len(r), width, vocab, dtype=torch.bool)
-    if r.allowed is not None:
-        out[:, : r.allowed.shape[1]] = r.allowed
+def _bits_or_all(r: Rollouts, words: int, width: int) -> torch.Tensor:
+    """`r.allowed_bits` right-padded to `width` with every-token (-1) words (all when None)."""
+    out = torch.full((len(r), width, words), -1, dtype=torch.int32)
+    if r.allowed_bits is not None:
+        out[:, : r.allowed_bits.shape[1]] = r.allowed_bits
     return out
 
 

@@ -11,8 +11,9 @@ The sampled policy is then the constrained one, π_c(y | s) = π(y | s) 1[y ∈ 
 Z(s) = Σ_{v ∈ A(s)} π(v | s). Its log-probs are what the engine records, and the trainer
 must recompute the same ones (log-softmax over the allowed tokens only), or the importance
 ratio π_θ / π_old at the first update is Z(s) instead of 1, and the gradient misses the
-−∇ log Z(s) term. So the rollouts carry the allowed sets (`Rollouts.allowed`, [N, R, V]
-bool) and the log-prob path masks with them (`models.logprobs`).
+−∇ log Z(s) term. So the rollouts carry the allowed sets (`Rollouts.allowed_bits`,
+[N, R, ceil(V / 32)] int32 words, xgrammar's own bitmask: `core.token_bits`) and the log-prob
+path masks with them (`models.logprobs`).
 
 `xgrammar` is an optional dependency (the `dmrl` extra); it is imported only when a grammar
 is asked for.
@@ -109,19 +110,17 @@ class RowMatchers:
         self.vocab_size = vocab_size
         self._bitmask = xgr.allocate_token_bitmask(len(grammars), vocab_size)
         self._fill = xgr.GrammarMatcher.fill_next_token_bitmask
-        ids = torch.arange(vocab_size)
-        self._word, self._bit = ids // 32, ids % 32
 
-    def allowed(self, alive: torch.Tensor) -> torch.Tensor:
-        """[n, V] bool: the tokens each alive row's grammar allows next; every token for the
-        other rows (their samples are padding, masked out; an all-False row would be NaN)."""
-        out = torch.ones(len(self.matchers), self.vocab_size, dtype=torch.bool)
+    def allowed_bits(self, alive: torch.Tensor) -> torch.Tensor:
+        """[n, ceil(V / 32)] int32 (`core.token_bits`): the tokens each alive row's grammar
+        allows next; every token (-1) for the other rows (their samples are padding, masked
+        out; a row that allows nothing would be NaN)."""
+        out = torch.full(self._bitmask.shape, -1, dtype=torch.int32)
         rows = alive.nonzero().flatten().tolist()
         for row in rows:
             self._fill(self.matchers[row], self._bitmask, row)
         if rows:
-            words = self._bitmask[rows][:, self._word]  # [k, V] int32
-            out[rows] = ((words >> self._bit) & 1).bool()
+            out[rows] = self._bitmask[rows]
         return out
 
     def accept(self, tokens: torch.Tensor, alive: torch.Tensor) -> None:

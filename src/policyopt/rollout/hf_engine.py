@@ -35,6 +35,7 @@ try:  # transformers >= 4.56 keeps the cache as one object per layer
 except ImportError:  # pragma: no cover - older transformers: the cache grows by torch.cat
     DynamicLayer = None
 
+from policyopt.core.token_bits import unpack_token_bits
 from policyopt.models.logprobs import cache_kwarg
 from policyopt.rollout.base import (
     ENGINES,
@@ -220,8 +221,9 @@ class HFEngine(RolloutEngine):
             alive = alive & (step < budget)
             allowed = None
             if matchers is not None:
-                allowed = matchers.allowed(alive.cpu())
-                allowed_steps.append(allowed)
+                bits = matchers.allowed_bits(alive.cpu())
+                allowed_steps.append(bits)
+                allowed = unpack_token_bits(bits, logits.shape[-1])
             tok, lp, ent = sample_next(
                 logits,
                 temperature=params.temperature,
@@ -268,7 +270,7 @@ class HFEngine(RolloutEngine):
             mask=torch.stack(alive_steps, 1).float(),
             finished=finished,
             cache=cache,
-            allowed=torch.stack(allowed_steps, 1) if allowed_steps else None,
+            allowed_bits=torch.stack(allowed_steps, 1) if allowed_steps else None,
         )
 
     def _lean_step(self, cache: object) -> LlamaDecodeStep | None:
@@ -300,7 +302,7 @@ class Decoded:
     mask: torch.Tensor
     finished: torch.Tensor
     cache: object = None
-    allowed: torch.Tensor | None = None  # [n, steps, V] bool under a grammar (CPU)
+    allowed_bits: torch.Tensor | None = None  # [n, steps, ceil(V/32)] int32, a grammar's (CPU)
 
 
 @dataclass
@@ -438,5 +440,5 @@ def to_rollouts(
         truncated=(~d.finished).cpu(),
         generated_tokens=int(d.mask.sum().item()),
         hidden=hidden,
-        allowed=d.allowed,
+        allowed_bits=d.allowed_bits,
     )

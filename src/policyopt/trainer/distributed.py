@@ -188,9 +188,10 @@ class PolicyForward(nn.Module):
         ids: torch.Tensor,
         mask: torch.Tensor,
         width: int,
-        allowed: torch.Tensor | None = None,
+        allowed_bits: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """`allowed` [B, width, V]: the grammar's allowed tokens (`Rollouts.allowed`)."""
+        """`allowed_bits` [B, width, ceil(V / 32)]: the grammar's allowed tokens, packed
+        (`Rollouts.allowed_bits`)."""
         logp = response_logprobs(
             self.policy,
             ids,
@@ -199,7 +200,7 @@ class PolicyForward(nn.Module):
             temperature=self.temperature,
             chunk_size=self.chunk_size,
             share_prompts=self.share_prompts,
-            allowed=allowed,
+            allowed_bits=allowed_bits,
         ).logp
         if self.grad_scale != 1.0 and logp.requires_grad:
             logp.register_hook(lambda g: g * self.grad_scale)

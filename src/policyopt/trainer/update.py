@@ -148,12 +148,12 @@ def batch_logprobs(policy: torch.nn.Module, batch: Batch, opt: Optimization) -> 
 
 
 def allowed_of(r: Rollouts, rows: torch.Tensor, width: int) -> dict[str, torch.Tensor]:
-    """The policy's `allowed` keyword for rows `rows` when the rollouts were decoded under a
-    grammar (the constrained distribution, `rollout/grammar.py`); none otherwise, so that a
-    policy without the keyword is called as before."""
-    if r.allowed is None:
+    """The policy's `allowed_bits` keyword for rows `rows` when the rollouts were decoded
+    under a grammar (the constrained distribution, `rollout/grammar.py`); none otherwise, so
+    that a policy without the keyword is called as before."""
+    if r.allowed_bits is None:
         return {}
-    return {"allowed": r.allowed[rows, :width]}
+    return {"allowed_bits": r.allowed_bits[rows, :width]}
 
 
 def minibatch_step(
