@@ -83,6 +83,38 @@ def test_fusion_formula_by_parts(history):
     torch.testing.assert_close(got, expected)
 
 
+def test_sum_fusion_drops_the_gate(history):
+    """The fusion ablation (`fusion="sum"`): z = z_agn + z_spe + z_trans, no σ(W_g q + b)."""
+    torch.manual_seed(1)
+    model = LRP(8, fusion="sum").eval()
+    bank = build_bank(history, 10.0, 2.0)
+    s = build_samples(history[-2:])
+    x = (s.x_agn - model.x_mean) / model.x_std
+    z_agn = model.e_agn(x)
+    z_spe = model.e_spe(torch.cat([x, s.x_spe], -1))
+    q = torch.cat([z_agn, z_spe], -1)
+    z = z_agn + z_spe + model.attend(q, s.start_day, bank)
+    got, _ = model(s.x_agn, s.x_spe, s.start_day, bank)
+    torch.testing.assert_close(got, model.head(z).squeeze(-1))
+    gated = LRP(8).eval()
+    gated.load_state_dict(model.state_dict())
+    assert not torch.allclose(gated(s.x_agn, s.x_spe, s.start_day, bank)[0], got)
+
+
+def test_unknown_fusion_is_refused():
+    with pytest.raises(ValueError, match="fusion"):
+        LRP(8, fusion="concat")
+
+
+def test_fusion_survives_save_and_load(history, tmp_path):
+    from policyopt.methods.dmrl.lrp_io import load_lrp, save_lrp
+
+    model = LRP(8, fusion="sum").eval()
+    bank = build_bank(history, 10.0, 2.0)
+    loaded, _ = load_lrp(save_lrp(tmp_path / "lrp", model, bank))
+    assert loaded.fusion == "sum"
+
+
 def test_no_visible_entry_means_no_transfer_term(history):
     model = LRP(8).eval()
     s = build_samples(history[:1])  # day 0: nothing has matured

@@ -6,7 +6,8 @@
     q       = [z_agn; z_spe]
     z_trans = Σ_m softmax_m(W_q q · W_k k_m / √h) W_v v_m   over visible bank entries m
               (matured before the target started; 0 when none is)
-    z       = z_agn + z_spe + σ(W_g q + b) ⊙ z_trans
+    z       = z_agn + z_spe + σ(W_g q + b) ⊙ z_trans   (fusion="gated", the paper's)
+              z_agn + z_spe + z_trans                 (fusion="sum", the ablation)
     ŷ       = MLP(z)
 
 Inputs and bank entries: `lrp_features.py`. Training (three phases): `lrp_train.py`.
@@ -34,10 +35,16 @@ def _mlp(d_in: int, hidden: int, d_out: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(d_in, hidden), nn.GELU(), nn.Linear(hidden, d_out))
 
 
+FUSIONS = ("gated", "sum")
+
+
 class LRP(nn.Module):
-    def __init__(self, hidden: int = 64) -> None:
+    def __init__(self, hidden: int = 64, fusion: str = "gated") -> None:
         super().__init__()
+        if fusion not in FUSIONS:
+            raise ValueError(f"LRP fusion must be one of {FUSIONS}, got {fusion!r}")
         self.hidden = hidden
+        self.fusion = fusion
         self.e_agn = _mlp(AGN_DIM, hidden, hidden)
         self.e_spe = _mlp(AGN_DIM + SPE_EXTRA, hidden, hidden)
         self.discriminator = _mlp(hidden, hidden, POPS)
@@ -73,7 +80,9 @@ class LRP(nn.Module):
         logits = self.discriminator(grad_reverse(z_agn, adv_lambda))
         q = torch.cat([z_agn, z_spe], -1)
         z_trans = self.attend(q, start_day, bank)
-        z = z_agn + z_spe + torch.sigmoid(self.gate(q)) * z_trans
+        if self.fusion == "gated":
+            z_trans = torch.sigmoid(self.gate(q)) * z_trans
+        z = z_agn + z_spe + z_trans
         return self.head(z).squeeze(-1), logits
 
     def attend(self, q: Tensor, start_day: Tensor, bank: MemoryBank) -> Tensor:

@@ -19,7 +19,9 @@ def save_lrp(path: str | Path, model: LRP, bank: MemoryBank) -> Path:
         {"keys": bank.keys, "values": bank.values, "matured_day": bank.matured_day},
         path / "bank.safetensors",
     )
-    (path / "lrp_config.json").write_text(json.dumps({"hidden": model.hidden}))
+    (path / "lrp_config.json").write_text(
+        json.dumps({"hidden": model.hidden, "fusion": model.fusion})
+    )
     return path
 
 
@@ -28,7 +30,7 @@ def load_lrp(path: str | Path) -> tuple[LRP, MemoryBank]:
     if not (path / "lrp.safetensors").is_file():
         raise FileNotFoundError(f"no trained LRP at {path} (lrp.safetensors missing)")
     cfg = json.loads((path / "lrp_config.json").read_text())
-    model = LRP(cfg["hidden"])
+    model = LRP(cfg["hidden"], cfg.get("fusion", "gated"))  # older saves: gated
     model.load_state_dict(load_file(path / "lrp.safetensors"))
     b = load_file(path / "bank.safetensors")
     return model.eval().requires_grad_(False), MemoryBank(b["keys"], b["values"], b["matured_day"])

@@ -38,6 +38,8 @@ class LRPTrainConfig:
     seed: int = 0
     # False: train (and use) the LRP with an empty memory bank (the ablation without it)
     use_bank: bool = True
+    # "gated": z = z_agn + z_spe + σ(W_g q + b) ⊙ z_trans (the paper); "sum": no gate (ablation)
+    fusion: str = "gated"
     # torch threads while training: the matrices are small, and on a busy 2-core machine
     # two threads were 25x slower than one (0.9 s vs 24 s for the unit test's setting).
     num_threads: int = 1
@@ -65,7 +67,7 @@ def train_lrp(
 def _train(experiments: list[Experiment], cfg: LRPTrainConfig) -> tuple[LRP, dict[str, float]]:
     torch.manual_seed(cfg.seed)
     s = build_samples(experiments)
-    model = LRP(cfg.hidden)
+    model = LRP(cfg.hidden, cfg.fusion)
     model.fit_scaler(s.x_agn, s.y)
     bank = (
         build_bank(experiments, float(model.y_mean), float(model.y_std))
