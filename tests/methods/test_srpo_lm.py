@@ -59,3 +59,60 @@ def test_srpo_advantage_trains_the_lm_reranker(tmp_path):
         assert r["srpo/mean_distance"] > 0  # distances from the parsed rankings
         assert math.isfinite(r["loss"])
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_rerank_study_parse_metrics_by_hand():
+    from policyopt.recipes.rerank_study import parse_metrics
+
+    rows = [{"labels": [3.0, 0.0, 2.0, 1.0]}] * 4
+    texts = [
+        "[1] > [3] > [4] > [2]",  # the ideal ranking: NDCG 1
+        "[2] > [2] > [4]",  # parsed (repeat skipped), incomplete
+        "no ranking here",  # unparseable
+        "[1] > [3] > [4] > [2] trailing",  # complete
+    ]
+    got = parse_metrics(texts, rows)
+    assert got["eval/parse_rate"] == pytest.approx(0.75)
+    assert got["eval/complete_rate"] == pytest.approx(0.5)
+    partial = get_task("rerank", train_size=1, eval_size=1).verify("[2] > [4]", rows[0])
+    assert 0 < partial < 1
+    assert got["eval/ndcg_parsed"] == pytest.approx((1.0 + partial + 1.0) / 3)
+    assert parse_metrics(["x"], rows[:1]) == {
+        "eval/parse_rate": 0.0,
+        "eval/complete_rate": 0.0,
+        "eval/ndcg_parsed": 0.0,
+    }
+
+
+@pytest.mark.slow
+def test_rerank_study_runs_both_methods_and_resumes(tmp_path):
+    from policyopt.recipes.rerank_study import main
+
+    out = tmp_path / "rerank.jsonl"
+    args = [
+        "--out",
+        str(out),
+        "--seeds",
+        "0",
+        "task.options={train_size: 40, eval_size: 4}",
+        "sft.steps=10",
+        "sft.batch_size=8",
+        "sft.lr=0.01",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=4",
+        "train.steps=2",
+        "eval.every=1",
+        "eval.size=4",
+    ]
+    assert main(args) == 0
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [(r["method"], r["seed"]) for r in rows] == [("srpo", 0), ("grpo", 0)]
+    for r in rows:
+        assert [p[0] for p in r["curve"]] == [0, 1, 2]
+        assert 0 <= r["after"]["eval/parse_rate"] <= 1
+        # eval/reward counts the unparseable as 0: parse rate x NDCG among the parsed
+        for _, reward, parse, _, parsed in r["curve"]:
+            assert reward == pytest.approx(parse * parsed, abs=1e-9)
+    assert rows[0]["before"] == rows[1]["before"]  # one SFT model per seed
+    assert main(args) == 0  # both done: nothing runs again
+    assert len(out.read_text().splitlines()) == 2
