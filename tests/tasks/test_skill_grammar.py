@@ -5,7 +5,13 @@ import pytest
 
 from policyopt.tasks.skilldoc.document import SkillDocument, read_edit
 from policyopt.tasks.skilldoc.env import Outcome, render_prompt
-from policyopt.tasks.skilldoc.grammar import SkillEditGrammar, edit_ebnf, prompt_document
+from policyopt.tasks.skilldoc.grammar import (
+    SkillEditGrammar,
+    SkillRuleGrammar,
+    edit_ebnf,
+    prompt_document,
+)
+from policyopt.tasks.skilldoc.rule_agent import rule_setting
 from policyopt.tasks.skilldoc.scripted import START_DOCUMENT, random_document, scripted_edit
 
 xgr = pytest.importorskip("xgrammar")
@@ -13,12 +19,13 @@ xgr = pytest.importorskip("xgrammar")
 DOC = SkillDocument.from_dict({"ads": ["a", "b", "c", "d"], "ranking": ["x", "y"], "empty": []})
 
 
-def accepts(doc: SkillDocument, text: str) -> bool:
+def accepts(doc: SkillDocument, text: str, content: str = "free") -> bool:
     """Whether `doc`'s edit grammar matches all of `text` and may then end (stop token)."""
     vocab = [chr(c) for c in range(32, 127)] + ["\n", ""]  # the last: the stop token
     stop = len(vocab) - 1
     info = xgr.TokenizerInfo(vocab, stop_token_ids=[stop])
-    matcher = xgr.GrammarMatcher(xgr.GrammarCompiler(info).compile_grammar(edit_ebnf(doc)))
+    grammar = xgr.GrammarCompiler(info).compile_grammar(edit_ebnf(doc, content))
+    matcher = xgr.GrammarMatcher(grammar)
     return matcher.accept_string(text) and matcher.accept_token(stop)
 
 
@@ -46,17 +53,69 @@ def test_grammar_accepts_exactly_these_edits(text: str, ok: bool) -> None:
         assert read_edit(text, DOC)[1] == "ok"
 
 
-def test_every_demonstration_is_in_the_grammar() -> None:
+@pytest.mark.parametrize(
+    "text,ok",
+    [
+        ("insert ranking: set quality weight low\n", True),
+        ("replace ranking 1: explore new ads very high\n", True),
+        ("insert ranking: keep ad load low\n", False),  # ad load's rules live in "ads"
+        ("insert ranking: set quality weight\n", False),  # no level: the agent ignores it
+        ("insert ranking: set quality weight lowish\n", False),
+        ("insert ranking: cap repeadged adsers meium\n", False),  # session 27's garbled rule
+        ("replace casual 1: send reminders medium\n", True),
+        ("replace casual 1: set quality weight low\n", False),  # no such population rule
+        ("insert loyal: keep ad load very low\n", True),
+        ("delete ranking 2\n", True),
+        ("insert empty: pace budgets high\n", True),  # an unknown section: any global rule
+        ("insert empty: send reminders high\n", False),
+    ],
+)
+def test_rule_grammar_accepts_only_rules_the_agent_reads(text: str, ok: bool) -> None:
+    doc = SkillDocument.from_dict(
+        {
+            "ads": ["a"],
+            "ranking": ["x", "y"],
+            "casual": ["send reminders high"],
+            "loyal": [],
+            "empty": [],
+        }
+    )
+    assert accepts(doc, text, "rules") is ok
+    if ok:
+        edit, status = read_edit(text, doc)
+        assert status == "ok"
+        if edit.action != "delete":  # every rule it lets through sets a parameter
+            assert rule_setting(edit.content, edit.section) is not None
+
+
+@pytest.mark.parametrize("content", ["free", "rules"])
+def test_every_demonstration_is_in_the_grammar(content: str) -> None:
     """The grammar must not forbid what the editor is trained to write (SFT targets)."""
     rng = np.random.default_rng(0)
     for _ in range(200):
         doc = random_document(rng)
         text = scripted_edit(doc, rng).text() + "\n"
-        assert accepts(doc, text), (doc.render(), text)
+        assert accepts(doc, text, content), (doc.render(), text)
+
+
+def test_unknown_content_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="content"):
+        edit_ebnf(DOC, "words")
 
 
 def test_the_document_is_read_back_from_the_prompt() -> None:
     recent = [Outcome("delete ads 1", 0.01, (0.01, -0.02, 0.0, 0.03))]
     prompt = render_prompt(START_DOCUMENT, recent)
     assert prompt_document(prompt) == START_DOCUMENT
-    assert SkillEditGrammar().ebnf(prompt) == edit_ebnf(START_DOCUMENT)
+    assert SkillEditGrammar().ebnf(prompt) == edit_ebnf(START_DOCUMENT, "free")
+    assert SkillRuleGrammar().ebnf(prompt) == edit_ebnf(START_DOCUMENT, "rules")
+
+
+def test_the_probe_counts_rules_that_set_nothing() -> None:
+    from policyopt.recipes.dmrl_grammar_probe import sets_a_parameter
+    from policyopt.tasks.skilldoc.document import Edit
+
+    assert sets_a_parameter(Edit("ranking", "replace", 0, "set quality weight low"))
+    assert not sets_a_parameter(Edit("ranking", "replace", 0, "cap repeadged adsers meium"))
+    assert sets_a_parameter(Edit("ranking", "delete", 0, ""))
+    assert not sets_a_parameter(Edit("casual", "insert", 0, "set quality weight low"))

@@ -1,13 +1,15 @@
-"""The editor's samples with and without the edit grammar, on the same model and prompts.
+"""The editor's samples without and with each edit grammar, on the same model and prompts.
 
     python -m policyopt.recipes.dmrl_grammar_probe --model DIR [--samples 256]
         [--max-new-tokens 57] [--seed 0]
 
 DIR is an editor (e.g. the SFT warm start the `dmrl` pipeline caches under
 `$POLICYOPT_CACHE/sft/KEY`). Prompts: random documents with recent outcomes, as the warm
-start's demonstrations (`dmrl_skill`, mode "demonstrations"). For each decoding it prints
-the share of ok / malformed / truncated edits (`read_edit`), the generation time, and for the
-constrained one the mean probability mass per token the grammar removed (1 − Z(s), under
+start's demonstrations (`dmrl_skill`, mode "demonstrations"). Decodings: none, `skill_edit`
+(free rule text), `skill_rule` (rules from the agent's vocabulary). For each it prints the
+share of ok / malformed / truncated edits (`read_edit`), the share of ok edits that set a
+parameter (a delete, or a rule the rule agent reads: `rule_setting`), the generation time,
+and for the constrained ones the mean probability mass per token the grammar removed (1 − Z(s), under
 the model's own distribution: how much of what it would have written the grammar forbids).
 """
 
@@ -24,8 +26,14 @@ from policyopt.models.loading import load_model
 from policyopt.models.logprobs import response_logprobs
 from policyopt.rollout.base import SamplingParams
 from policyopt.rollout.hf_engine import HFEngine
-from policyopt.tasks.skilldoc.document import read_edit
+from policyopt.tasks.skilldoc.document import Edit, read_edit
+from policyopt.tasks.skilldoc.rule_agent import rule_setting
 from policyopt.tasks.skilldoc.task import SkillDocTask
+
+
+def sets_a_parameter(edit: Edit) -> bool:
+    """A delete, or a rule the rule agent reads (a parameter and a level it knows)."""
+    return edit.action == "delete" or rule_setting(edit.content, edit.section) is not None
 
 
 def probe(model_dir: str, samples: int, max_new_tokens: int, seed: int) -> dict[str, dict]:
@@ -37,7 +45,7 @@ def probe(model_dir: str, samples: int, max_new_tokens: int, seed: int) -> dict[
     rows = list(task.rows("eval"))
     prompts = [tok(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
     out = {}
-    for grammar in (None, "skill_edit"):
+    for grammar in (None, "skill_edit", "skill_rule"):
         engine = HFEngine(
             model,
             tok,
@@ -51,8 +59,12 @@ def probe(model_dir: str, samples: int, max_new_tokens: int, seed: int) -> dict[
         counts: Counter[str] = Counter()
         for i, row in enumerate(rows):
             text = tok.decode(r.response_ids[i, : int(r.lengths[i])], skip_special_tokens=True)
-            counts[read_edit(text, task.document_of(row))[1]] += 1
+            edit, status = read_edit(text, task.document_of(row))
+            counts[status] += 1
+            if status == "ok" and sets_a_parameter(edit):
+                counts["sets_a_parameter"] += 1
         result = {s: counts[s] / len(rows) for s in ("ok", "malformed", "truncated")}
+        result["sets_a_parameter_of_ok"] = counts["sets_a_parameter"] / max(counts["ok"], 1)
         result["generation_seconds"] = seconds
         result["ms_per_token"] = 1000 * seconds / max(r.generated_tokens, 1)
         if r.allowed_bits is not None:

@@ -93,6 +93,6 @@ def test_quickstart_dmrl_tiny(tmp_path, monkeypatch):
     assert saved["truncated_fraction"] == pytest.approx(sum(d["truncated"] for d in days) / 8)
     assert saved["malformed_fraction"] == pytest.approx(sum(d["malformed"] for d in days) / 8)
     # the recipe decodes under the edit grammar: an edit can be cut, never malformed
-    assert config.rollout.engine_options == {"grammar": "skill_edit"}
+    assert config.rollout.engine_options == {"grammar": "skill_rule"}
     assert saved["malformed_fraction"] == 0
     assert saved["edit_token_budget"] == 57 == config.rollout.max_new_tokens
