@@ -11,6 +11,7 @@ from policyopt.core.token_bits import pack_token_bits
 from policyopt.models.loading import load_model
 from policyopt.models.logprobs import chunked_head_logprobs, response_logprobs
 from policyopt.rollout.base import SamplingParams, concat_rollouts
+from policyopt.rollout.grammar import mask_logits
 from policyopt.rollout.hf_engine import HFEngine
 from policyopt.rollout.sampling import sample_next
 from policyopt.tasks.skilldoc.document import read_edit
@@ -31,13 +32,32 @@ def tiny():
     return load_model("tiny")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mask_logits_is_the_unpacked_mask_and_leaves_the_input(dtype) -> None:
+    """xgrammar's packed-bitmask kernel against masked_fill with the bool mask, on a width
+    that is not a multiple of 32; the model's logits tensor itself is not written."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 101, generator=gen).to(dtype)
+    allowed = torch.rand(6, 101, generator=gen) < 0.3
+    allowed[:, 0] = True  # no row without an allowed token
+    before = logits.clone()
+    got = mask_logits(logits, pack_token_bits(allowed))
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, logits.float().masked_fill(~allowed, float("-inf")))
+    assert torch.equal(logits, before)
+
+
 def test_mask_keeps_the_allowed_tokens_relative_probabilities() -> None:
     """p = (1, 2, 3, 4) / 10, token 2 disallowed: the constrained p = (1, 2, 0, 4) / 7."""
     logits = torch.log(torch.tensor([[1.0, 2.0, 3.0, 4.0]] * 2000))
     allowed = torch.tensor([[True, True, False, True]] * 2000)
     gen = torch.Generator().manual_seed(0)
     tok, logp, ent = sample_next(
-        logits, temperature=1.0, top_p=1.0, greedy=False, generator=gen, allowed=allowed
+        mask_logits(logits, pack_token_bits(allowed)),
+        temperature=1.0,
+        top_p=1.0,
+        greedy=False,
+        generator=gen,
     )
     assert not (tok == 2).any()
     expected = torch.log(torch.tensor([1.0, 2.0, 0.0, 4.0]) / 7)

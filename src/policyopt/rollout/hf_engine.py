@@ -35,7 +35,6 @@ try:  # transformers >= 4.56 keeps the cache as one object per layer
 except ImportError:  # pragma: no cover - older transformers: the cache grows by torch.cat
     DynamicLayer = None
 
-from policyopt.core.token_bits import unpack_token_bits
 from policyopt.models.logprobs import cache_kwarg
 from policyopt.rollout.base import (
     ENGINES,
@@ -45,7 +44,7 @@ from policyopt.rollout.base import (
     SamplingParams,
     concat_rollouts,
 )
-from policyopt.rollout.grammar import GrammarConstraint, RowMatchers
+from policyopt.rollout.grammar import GrammarConstraint, RowMatchers, mask_logits
 from policyopt.rollout.llama_step import LlamaDecodeStep
 from policyopt.rollout.sampling import sample_next
 
@@ -219,18 +218,16 @@ class HFEngine(RolloutEngine):
         tokens, logps, ents, alive_steps, allowed_steps = [], [], [], [], []
         for step in range(steps):
             alive = alive & (step < budget)
-            allowed = None
             if matchers is not None:
                 bits = matchers.allowed_bits(alive.cpu())
                 allowed_steps.append(bits)
-                allowed = unpack_token_bits(bits, logits.shape[-1])
+                logits = mask_logits(logits, bits)
             tok, lp, ent = sample_next(
                 logits,
                 temperature=params.temperature,
                 top_p=params.top_p,
                 greedy=params.greedy,
                 generator=self.generator,
-                allowed=allowed,
             )
             tok = tok.masked_fill(~alive, self.pad_id)
             if matchers is not None:

@@ -12,20 +12,17 @@ def sample_next(
     top_p: float,
     greedy: bool,
     generator: torch.Generator | None = None,
-    allowed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Pick a token per row of `logits` [B, V].
 
     Returns (token [B], logp [B], entropy [B]). The log-prob and entropy are those of the
     temperature-scaled distribution before top-p truncation: that is the distribution the
     trainer recomputes (verl's convention), so ratios at the first update are 1.
-    `allowed` [B, V] bool (constrained decoding, `rollout.grammar`): the other tokens get
-    logit -inf first, so the distribution, its log-probs and entropy are the constrained
-    ones, the allowed tokens' relative probabilities unchanged; the trainer masks the same.
+    Logits at -inf (constrained decoding: `rollout.grammar.mask_logits`) get probability 0,
+    so the distribution, its log-probs and entropy are the constrained ones, the allowed
+    tokens' relative probabilities unchanged; the trainer masks the same.
     """
     scaled = logits.float() / (1.0 if greedy else temperature)
-    if allowed is not None:
-        scaled = scaled.masked_fill(~allowed.to(scaled.device), float("-inf"))
     logp_all = torch.log_softmax(scaled, dim=-1)
     probs = logp_all.exp()
     # H = -sum_v p(v) log p(v); 0 * -inf would be nan, so zero those terms.
