@@ -1,12 +1,13 @@
 """The LM lower agent against the rule agent on the same documents: parse rate, parameters.
 
     python -m policyopt.recipes.dmrl_lm_agent_probe [--model smollm2] [--documents 24]
-        [--seed 0] [--out runs/dmrl_lm_agent.json]
+        [--seed 0] [--free] [--out runs/dmrl_lm_agent.json]
 
 Documents: the warm start's random documents (`scripted.random_document`, one rule per
 parameter at a random level, each present with probability 0.8), whose intended
 parameters the rule agent reads exactly. The LM agent (`lm_agent.LMAgent`, frozen, greedy)
-reads each; per document: whether it named all 14 parameters, how many it named, and per
+reads each, its output constrained to one `name=value` line per parameter
+(`lm_agent.params_ebnf`), or free text with `--free`; per document: whether it named all 14 parameters, how many it named, and per
 parameter the distance between its value and the rule agent's as a fraction of the range.
 `agreement` is the share of (document, parameter) pairs within 0.125 of the range (half
 the gap between two adjacent levels): the LM agent chose what the rules say.
@@ -28,6 +29,7 @@ from policyopt.tasks.adsim.params import RANGES, AdParams
 from policyopt.tasks.skilldoc.lm_agent import LMAgent
 from policyopt.tasks.skilldoc.rule_agent import RuleAgent
 from policyopt.tasks.skilldoc.scripted import random_document
+from policyopt.tasks.skilldoc.task import LM_AGENT_TOKENS
 
 AGREE = 0.125  # half the gap between adjacent levels (0.25 of the range)
 
@@ -72,13 +74,15 @@ def main() -> None:
     p.add_argument("--model", default="smollm2")
     p.add_argument("--documents", type=int, default=24)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--free", action="store_true", help="no output grammar")
     p.add_argument("--out", default="runs/dmrl_lm_agent.json")
     a = p.parse_args()
     torch.set_num_threads(1)
     rng = np.random.default_rng(a.seed)
     documents = [random_document(rng) for _ in range(a.documents)]
     model, tok = load_model(a.model)
-    result = {"model": a.model, "seed": a.seed, **compare(LMAgent(model, tok), documents)}
+    agent = LMAgent(model, tok, max_new_tokens=LM_AGENT_TOKENS, grammar=not a.free)
+    result = {"model": a.model, "seed": a.seed, "grammar": not a.free, **compare(agent, documents)}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))

@@ -99,3 +99,30 @@ def test_lm_agent_probe_counts_parse_and_agreement_by_hand() -> None:
     assert got["agreement"] == (n - sum(w > AGREE for w in wrong)) / n
     assert got["per_parameter_distance"]["reserve_price"] == np.mean(wrong)
     assert got["per_parameter_distance"]["ad_load"] == 0
+
+
+def test_grammar_agent_writes_every_parameter_in_the_format() -> None:
+    """An untrained model writes nothing parseable on its own; under `params_ebnf` every
+    output is the 14 `name=value` lines in order, so the parse rate is 1."""
+    pytest.importorskip("xgrammar")
+    import re
+
+    from policyopt.models.loading import load_model
+    from policyopt.tasks.skilldoc.lm_agent import params_ebnf
+    from policyopt.tasks.skilldoc.task import LM_AGENT_TOKENS
+
+    torch.manual_seed(0)
+    lm, tok = load_model("tiny")
+    free = LMAgent(lm, tok, max_new_tokens=40)
+    free(START_DOCUMENT)
+    assert free.stats()["mean_named"] == 0.0
+    agent = LMAgent(lm, tok, max_new_tokens=LM_AGENT_TOKENS, grammar=True)
+    doc2 = START_DOCUMENT.apply(Edit("ads", "delete", 0, ""))
+    for doc in (START_DOCUMENT, doc2):
+        agent(doc)
+        text = agent.outputs[doc.render()][0]
+        lines = text.split("\n")
+        assert lines[-1] == "" and [ln.split("=")[0] for ln in lines[:-1]] == list(RANGES)
+        assert all(re.fullmatch(r"\d{1,2}(\.\d{1,3})?", ln.split("=")[1]) for ln in lines[:-1])
+    assert agent.stats() == {"documents": 2.0, "parse_rate": 1.0, "mean_named": 14.0}
+    assert "value ::=" in params_ebnf() and params_ebnf().count('=" value') == len(RANGES)

@@ -20,7 +20,10 @@ at `first_day`, so that the true values of all days are on the same users and st
 
 `lower_agent`: "rule" (the keyword interpreter, the fast default) or "lm" (`LMAgent`, a
 frozen causal LM, `lm_agent_model`, default SmolLM2-135M-Instruct, greedy; its outputs are
-memoised per document, and its parse rate is counted on the agent).
+memoised per document, and its parse rate is counted on the agent). `lm_agent_grammar`
+(default true) constrains its output to one `name=value` line per parameter
+(`lm_agent.params_ebnf`, needs `xgrammar`); false lets it write free text, which
+SmolLM2-135M did not turn into a single parameter (docs/results.md, issue 20).
 """
 
 from __future__ import annotations
@@ -51,7 +54,11 @@ DEFAULT_WORLD = "live"
 DEFAULT_LIVE_USERS = 4000
 
 
-def make_lower_agent(kind: str, model: str = DEFAULT_LM_AGENT) -> LowerAgent:
+# 14 `name=value` lines: 134 SmolLM2 tokens at the defaults, 263 characters (char tokenizer)
+LM_AGENT_TOKENS = 320
+
+
+def make_lower_agent(kind: str, model: str = DEFAULT_LM_AGENT, grammar: bool = True) -> LowerAgent:
     """The frozen lower agent `kind` ("rule" | "lm"; task option `lower_agent`)."""
     if kind == "rule":
         return RuleAgent()
@@ -61,7 +68,7 @@ def make_lower_agent(kind: str, model: str = DEFAULT_LM_AGENT) -> LowerAgent:
         from policyopt.tasks.skilldoc.lm_agent import LMAgent
 
         lm, tok = load_model(model)
-        return LMAgent(lm, tok)
+        return LMAgent(lm, tok, max_new_tokens=LM_AGENT_TOKENS, grammar=grammar)
     raise ValueError(
         f"dmrl_skill: task.options.lower_agent must be one of {LOWER_AGENTS}, got {kind!r}"
     )
@@ -93,6 +100,7 @@ class SkillDocTask(Task):
         recent_k: int = 2,
         lower_agent: str = "rule",
         lm_agent_model: str = DEFAULT_LM_AGENT,
+        lm_agent_grammar: bool = True,
         token_margin: int = 8,
         demo_version: int = DEMO_VERSION,
         world: str = DEFAULT_WORLD,
@@ -133,7 +141,7 @@ class SkillDocTask(Task):
         self.eval_users = self.platform.eval_users(eval_users)
         self.env = SkillEnv(
             self.platform,
-            agent=make_lower_agent(lower_agent, lm_agent_model),
+            agent=make_lower_agent(lower_agent, lm_agent_model, lm_agent_grammar),
             first_day=first_day,
             recent_k=recent_k,
             lrp_path=lrp_path,
