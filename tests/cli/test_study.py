@@ -68,6 +68,28 @@ def test_paired_differences_and_bands_by_hand():
     assert mean_curve == [2.0, 2.0] and low[1] == high[1] == 2.0  # one run at step 2: no band
 
 
+def test_report_reads_cost_and_distinct_answers_per_run(tmp_path):
+    """Generated tokens come from each run's last logged total (a step without one is
+    skipped); distinct correct answers and RL seconds are outcomes like pass@k."""
+    from policyopt.cli.study_report import fmt, outcome_keys, summaries
+
+    runs = plan(["grpo"], 2, tmp_path, [])
+    for run, (total, seconds) in zip(runs, [(1200.0, 30.0), (1800.0, 50.0)], strict=True):
+        run.out.mkdir(parents=True)
+        final = {"eval/pass@1": 0.2, "eval/pass@8": 0.5, "eval/distinct_correct@8": 0.7}
+        summary = {"initial_accuracy": 0.1, "final_accuracy": 0.3, "rl_seconds": seconds}
+        (run.out / "summary.json").write_text(json.dumps({**summary, "final_eval": final}))
+        steps = [{"step": 1, "generated_tokens_total": total / 2}, {"step": 2},
+                 {"step": 3, "generated_tokens_total": total}]  # fmt: skip
+        (run.out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+    cells = summaries(runs)
+    assert [cells["grpo"][s]["generated_tokens"] for s in (0, 1)] == [1200.0, 1800.0]
+    keys = outcome_keys(cells)
+    assert keys[-4:] == ["eval/pass@8", "eval/distinct_correct@8", "generated_tokens", "rl_seconds"]
+    # mean 1500, sd 424.26, t(1) 12.706: half-width 12.706 * 424.26 / sqrt(2) = 3811.9
+    assert fmt((1500.0, 3811.9)) == "1500 ± 3812" and fmt((0.25, 0.1)) == "0.250 ± 0.100"
+
+
 def count_in_process_runs(monkeypatch) -> list[Run]:
     started: list[Run] = []
     real = study.run_in_process

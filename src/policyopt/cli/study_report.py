@@ -22,16 +22,25 @@ def fmt(value: tuple[float, float]) -> str:
     mean, half = value
     if not math.isfinite(mean):
         return "n/a"
-    return f"{mean:.3f} ± {half:.3f}" if math.isfinite(half) else f"{mean:.3f}"
+    digits = 0 if abs(mean) >= 1000 else 3  # token counts, seconds
+    return f"{mean:.{digits}f} ± {half:.{digits}f}" if math.isfinite(half) else f"{mean:.{digits}f}"
 
 
 def summaries(runs: list[Run]) -> dict[str, dict[int, dict[str, Any]]]:
-    """cell -> seed -> summary.json, for the finished runs, in the study's order."""
+    """cell -> seed -> summary.json, for the finished runs, in the study's order; with
+    `generated_tokens`, the RL phase's total (its last logged `generated_tokens_total`), so
+    that methods that sample more (DAPO's dynamic sampling, DATPO's trees) are read at
+    their cost."""
     out: dict[str, dict[int, dict[str, Any]]] = {}
     for run in runs:
         out.setdefault(run.cell, {})
         if run.finished():
-            out[run.cell][run.seed] = json.loads((run.out / "summary.json").read_text())
+            summary = json.loads((run.out / "summary.json").read_text())
+            totals = [r.get("generated_tokens_total") for r in step_records(run)]
+            totals = [t for t in totals if t is not None]
+            if totals and "generated_tokens" not in summary:
+                summary["generated_tokens"] = float(totals[-1])
+            out[run.cell][run.seed] = summary
     return out
 
 
@@ -51,8 +60,13 @@ def outcome_keys(cells: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
     passes = sorted(
         (k for k in common if k.startswith("eval/pass@")), key=lambda k: int(k.split("@")[1])
     )
-    keys = ["initial_accuracy", "final_accuracy", "gain", *passes]
-    keys += [k for k in ("median_response_tokens", "segments_per_response") if k in done[0]]
+    distinct = sorted(
+        (k for k in common if k.startswith("eval/distinct_correct@")),
+        key=lambda k: int(k.split("@")[1]),
+    )
+    keys = ["initial_accuracy", "final_accuracy", "gain", *passes, *distinct]
+    extra = ("median_response_tokens", "segments_per_response", "generated_tokens", "rl_seconds")
+    keys += [k for k in extra if all(k in s for s in done)]
     return keys
 
 
