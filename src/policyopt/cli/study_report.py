@@ -26,17 +26,20 @@ def fmt(value: tuple[float, float]) -> str:
     return f"{mean:.{digits}f} ± {half:.{digits}f}" if math.isfinite(half) else f"{mean:.{digits}f}"
 
 
-def summaries(runs: list[Run]) -> dict[str, dict[int, dict[str, Any]]]:
+def summaries(
+    runs: list[Run], records: dict[Run, list[dict[str, Any]]] | None = None
+) -> dict[str, dict[int, dict[str, Any]]]:
     """cell -> seed -> summary.json, for the finished runs, in the study's order; with
     `generated_tokens`, the RL phase's total (its last logged `generated_tokens_total`), so
     that methods that sample more (DAPO's dynamic sampling, DATPO's trees) are read at
-    their cost."""
+    their cost. `records`: each run's step records when the caller has read them already."""
     out: dict[str, dict[int, dict[str, Any]]] = {}
     for run in runs:
         out.setdefault(run.cell, {})
         if run.finished():
             summary = json.loads((run.out / "summary.json").read_text())
-            totals = [r.get("generated_tokens_total") for r in step_records(run)]
+            steps = records[run] if records is not None else step_records(run)
+            totals = [r.get("generated_tokens_total") for r in steps]
             totals = [t for t in totals if t is not None]
             if totals and "generated_tokens" not in summary:
                 summary["generated_tokens"] = float(totals[-1])
@@ -114,7 +117,8 @@ def write_report(
     baseline: str,
     study_command: str,
 ) -> str:
-    cells = summaries(runs)
+    records = {run: step_records(run) for run in runs}
+    cells = summaries(runs, records)
     if baseline not in cells:
         raise ValueError(
             f"--baseline {baseline!r} is not a cell of the study; cells: {', '.join(cells)}"
@@ -144,7 +148,6 @@ def write_report(
             ci, per_seed = per_key[k][cell]
             row.append(f"{fmt(ci)} ({', '.join(f'{d:+.3f}' for d in per_seed)})")
         lines.append(f"| {cell} | " + " | ".join(row) + " |")
-    records = {run: step_records(run) for run in runs}
     mech = mechanism_keys([r for recs in records.values() for r in recs])
     if mech:
         lines.append("\n## Mechanism metrics (each run's mean over its steps; mean ± CI)\n")

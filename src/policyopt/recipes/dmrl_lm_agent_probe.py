@@ -7,9 +7,9 @@ Documents: the warm start's random documents (`scripted.random_document`, one ru
 parameter at a random level, each present with probability 0.8), whose intended
 parameters the rule agent reads exactly. The LM agent (`lm_agent.LMAgent`, frozen, greedy)
 reads each, its output constrained to one `name=value` line per parameter
-(`lm_agent.params_ebnf`), or free text with `--free`; per document: whether it named all 14 parameters, how many it named, and per
-parameter the distance between its value and the rule agent's as a fraction of the range.
-`agreement` is the share of (document, parameter) pairs within 0.125 of the range (half
+(`lm_agent.params_ebnf`), or free text with `--free`; per document: whether it named all
+14 parameters, how many it named, and per parameter the distance between its value and
+the rule agent's as a fraction of the range. `agreement` is the share of (document, parameter) pairs within 0.125 of the range (half
 the gap between two adjacent levels): the LM agent chose what the rules say.
 """
 
@@ -26,10 +26,9 @@ import torch
 
 from policyopt.models.loading import load_model
 from policyopt.tasks.adsim.params import RANGES, AdParams
-from policyopt.tasks.skilldoc.lm_agent import LMAgent
+from policyopt.tasks.skilldoc.lm_agent import LM_AGENT_TOKENS, LMAgent
 from policyopt.tasks.skilldoc.rule_agent import RuleAgent
 from policyopt.tasks.skilldoc.scripted import random_document
-from policyopt.tasks.skilldoc.task import LM_AGENT_TOKENS
 
 AGREE = 0.125  # half the gap between adjacent levels (0.25 of the range)
 

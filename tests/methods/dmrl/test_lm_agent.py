@@ -108,8 +108,7 @@ def test_grammar_agent_writes_every_parameter_in_the_format() -> None:
     import re
 
     from policyopt.models.loading import load_model
-    from policyopt.tasks.skilldoc.lm_agent import params_ebnf
-    from policyopt.tasks.skilldoc.task import LM_AGENT_TOKENS
+    from policyopt.tasks.skilldoc.lm_agent import LM_AGENT_TOKENS, params_ebnf
 
     torch.manual_seed(0)
     lm, tok = load_model("tiny")

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from policyopt.rollout.grammar import GrammarConstraint, RowMatchers, mask_logits
 from policyopt.tasks.adsim.params import RANGES, AdParams
 from policyopt.tasks.skilldoc.document import SkillDocument
 
@@ -49,6 +50,9 @@ def agent_prompt(doc: SkillDocument) -> str:
     )
 
 
+# The output budget: 14 `name=value` lines are 134 SmolLM2 tokens at the defaults, 263
+# characters with the char tokenizer.
+LM_AGENT_TOKENS = 320
 # at most two integer digits (the largest range ends at 12) and three decimals
 _VALUE = '[0-9] [0-9]? ("." [0-9] [0-9]? [0-9]?)?'
 
@@ -69,8 +73,6 @@ class _GrammarLogits(LogitsProcessor):
         self.alive = torch.ones(1, dtype=torch.bool)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        from policyopt.rollout.grammar import mask_logits
-
         if input_ids.shape[1] > self.prompt_len:  # the token chosen at the previous step
             self.matchers.accept(input_ids[:, -1], self.alive)
         return mask_logits(scores, self.matchers.allowed_bits(self.alive)).to(scores.dtype)
@@ -86,8 +88,6 @@ class LMAgent:
         self.model.requires_grad_(False)
         self.constraint: Any = None
         if grammar:
-            from policyopt.rollout.grammar import GrammarConstraint
-
             width = model.get_output_embeddings().weight.shape[0]  # the logits' width
             self.constraint = GrammarConstraint(tokenizer, _FixedGrammar(), width)
         self.last_missing: list[str] = []
@@ -125,8 +125,6 @@ class LMAgent:
         extra: dict[str, Any] = {}
         if self.constraint is not None:
             grammar = self.constraint.compiled(params_ebnf())
-            from policyopt.rollout.grammar import RowMatchers
-
             matchers = RowMatchers([grammar], self.constraint.vocab_size)
             processor = _GrammarLogits(matchers, enc["input_ids"].shape[1])
             # the grammar ends on the tokenizer's EOS: generation must stop there

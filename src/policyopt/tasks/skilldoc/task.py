@@ -54,10 +54,6 @@ DEFAULT_WORLD = "live"
 DEFAULT_LIVE_USERS = 4000
 
 
-# 14 `name=value` lines: 134 SmolLM2 tokens at the defaults, 263 characters (char tokenizer)
-LM_AGENT_TOKENS = 320
-
-
 def make_lower_agent(kind: str, model: str = DEFAULT_LM_AGENT, grammar: bool = True) -> LowerAgent:
     """The frozen lower agent `kind` ("rule" | "lm"; task option `lower_agent`)."""
     if kind == "rule":
@@ -65,7 +61,7 @@ def make_lower_agent(kind: str, model: str = DEFAULT_LM_AGENT, grammar: bool = T
     if kind == "lm":
         # imported here: loading a model is needed only for the LM agent
         from policyopt.models.loading import load_model
-        from policyopt.tasks.skilldoc.lm_agent import LMAgent
+        from policyopt.tasks.skilldoc.lm_agent import LM_AGENT_TOKENS, LMAgent
 
         lm, tok = load_model(model)
         return LMAgent(lm, tok, max_new_tokens=LM_AGENT_TOKENS, grammar=grammar)
