@@ -19,7 +19,16 @@ run() { # method seed extra...
   echo "$(date -u +%T) done $cell seed $s rc=$?" >> p64/lanes.log
 }
 datpo_eq() { wait_for p64/grpo/seed-$1; run datpo $1 train.steps=60 train.max_generated_tokens=$(grpo_total $1); }
-laneA() { run grpo 3; datpo_eq 3; }
-laneB() { run grpo 4; datpo_eq 4; }
+# `p64.sh first`: seeds 0-2 (grpo 0 and 1 were already running when it started, from an
+# earlier script, hence the waits); `p64.sh second`: seeds 3-4. Both lanes of a part run at once.
+case "${1:-}" in
+  first)
+    laneA() { wait_for p64/grpo/seed-0; datpo_eq 0; datpo_eq 2; }
+    laneB() { wait_for p64/grpo/seed-1; run grpo 2; datpo_eq 1; } ;;
+  second)
+    laneA() { run grpo 3; datpo_eq 3; }
+    laneB() { run grpo 4; datpo_eq 4; } ;;
+  *) echo "usage: p64.sh first|second" >&2; exit 2 ;;
+esac
 laneA & laneB & wait
 echo "$(date -u +%T) all done" >> p64/lanes.log
