@@ -191,3 +191,58 @@ def test_bad_distances():
             distances=bad,
             normalize="none",
         )
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_block_path_equals_general_path(seed):
+    # Consecutive groups of one size take the [B, G, G] block path; the general [N, N] path
+    # on the same rollouts, and on them shuffled (un-shuffled after), gives the same numbers.
+    from policyopt.methods.srpo.advantage import _general_advantages, consecutive_block_size
+
+    gen = torch.Generator().manual_seed(seed)
+    b, g = (int(torch.randint(1, m, (1,), generator=gen)) for m in (6, 7))
+    n = b * g
+    rewards = torch.randint(0, 4, (n,), generator=gen).float() / 3  # ties, constant groups
+    d = torch.rand(n, n, generator=gen).round(decimals=1)  # some D = 0 pairs
+    d = (d + d.T) / 2
+    groups = torch.arange(n) // g
+    d[(torch.rand(n, n, generator=gen) < 0.1) & (groups[:, None] != groups[None, :])] = float(
+        "nan"
+    )  # between groups: never read
+    d.fill_diagonal_(float("nan"))  # nor the diagonal
+    scale = torch.rand(b, generator=gen).add(0.5).repeat_interleave(g)
+    ids = groups * 7 + 3  # any distinct ids
+    options = {
+        "normalize": ["none", "reverse", "group_mean"][seed % 3],
+        "temperature": [1.0, 0.5][seed % 2],
+        "eps": 1e-6,
+    }
+    assert consecutive_block_size(ids) == g
+    a, ma = advantages_and_metrics(
+        "srpo", rewards, ids, distances=d, distance_scale=scale, **options
+    )
+    args = (options["normalize"], options["temperature"], options["eps"])
+    general, mg = _general_advantages(rewards, ids, d, scale, *args)
+    perm = torch.randperm(n, generator=gen)
+    shuffled, ms = _general_advantages(
+        rewards[perm], ids[perm], d[perm][:, perm], scale[perm], *args
+    )
+    back = torch.empty_like(shuffled)
+    back[perm] = shuffled
+    assert torch.allclose(a, general, atol=1e-6) and torch.allclose(a, back, atol=1e-6)
+    assert ma.keys() == mg.keys()
+    for key in ma:
+        assert ma[key] == pytest.approx(mg[key], abs=1e-6), key
+        assert ms[key] == pytest.approx(mg[key], abs=1e-6), key
+    assert not a.isnan().any()
+
+
+def test_block_size_detection():
+    from policyopt.methods.srpo.advantage import consecutive_block_size
+
+    assert consecutive_block_size(torch.tensor([4, 4, 1, 1, 9, 9])) == 2
+    assert consecutive_block_size(torch.tensor([0, 0, 1, 1, 0, 0])) is None  # id repeats
+    assert consecutive_block_size(torch.tensor([0, 0, 1, 1, 1])) is None  # unequal sizes
+    assert consecutive_block_size(torch.tensor([0, 1, 0, 1])) is None  # interleaved
+    assert consecutive_block_size(torch.tensor([5, 6, 7])) == 1
+    assert consecutive_block_size(torch.tensor([], dtype=torch.long)) is None

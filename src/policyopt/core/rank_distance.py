@@ -195,31 +195,51 @@ def grouped_top_list_distances(top: Tensor, n: int, weighting: str = "top") -> T
     Integer counts make equal lists exactly 0 apart and d exactly symmetric, as the L1 norm
     of the embeddings does."""
     b, g, k = top.shape
+    out = torch.zeros(b, g, g, device=top.device)
+    if n < 2 or k == 0 or b * g == 0:
+        if k > n:
+            raise ValueError(f"top lists of {k} items from n = {n}")
+        return out
+    i, j = (x.to(top.device) for x in _pairs(g))
+    d = top_list_pair_distances(top, n, weighting)
+    out[:, i, j] = d
+    out[:, j, i] = d
+    return out
+
+
+def top_list_pair_distances(top: Tensor, n: int, weighting: str = "top") -> Tensor:
+    """The distances of `grouped_top_list_distances` as [B, G(G−1)/2], one per unordered
+    pair of a group's lists (i < j, in `torch.triu_indices` order): what the block-diagonal
+    [N, N] of the `ranking_distances` shaper is filled from directly. Needs n >= 2, k >= 1."""
+    b, g, k = top.shape
     if k > n:
         raise ValueError(f"top lists of {k} items from n = {n}")
-    if n < 2 or k == 0 or b * g == 0:
-        return torch.zeros(b, g, g)
     dev = top.device
-    dw = _level_weights(n, weighting, k).to(dev)
-    pos = torch.arange(k, device=dev)
+    dw, pos, earlier, reach = (x.to(dev) for x in _level_constants(n, weighting, k))
     i, j = (x.to(dev) for x in _pairs(g))  # each unordered pair once: d is symmetric
     # where[b, j, item]: the item's position in list j, k when j does not list it.
     where = torch.full((b, g, n), k, dtype=torch.long, device=dev)
     where.scatter_(2, top, pos.expand(b, g, k))
     r = where[:, j].gather(2, top[:, i])  # [B, pairs, p]: list j's position of i's item p
-    earlier = torch.ones(k, k, dtype=torch.bool, device=dev).tril(-1)  # [p, p'] p' < p
-    both_above = ((r[..., None, :] < r[..., :, None]) & earlier).sum(-1)
+    # |σ_<p ∩ τ_<r| = #{p' < p : r_p' < r_p}; the int32 sum is the cheaper reduction.
+    both_above = ((r[..., None, :] < r[..., :, None]) & earlier).sum(-1, dtype=torch.int32)
     below = (n - 1) - pos - r + both_above  # c_x; meaningless where r = k (not counted)
     level = torch.maximum(pos, r)  # first l (0-based) whose K_l counts x; k: never
     counts = torch.zeros(b, i.numel(), k + 1, dtype=torch.long, device=dev)
     concordant = counts.scatter_add_(2, level, below)[..., :k].cumsum(2)  # K_l
-    left = n - 1 - pos  # items outside the top l + 1: A_l = pairs(n) − pairs(left)
+    return ((reach - concordant).double() @ dw).float()
+
+
+@functools.lru_cache(maxsize=64)
+def _level_constants(n: int, weighting: str, k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """For `top_list_pair_distances` (not to be modified): Δw_l, the positions 0..k−1, the
+    [p, p'] mask p' < p, and A_l = n(n−1)/2 − (n−l)(n−l−1)/2 for l = 1..k (the pairs with an
+    item in the top l, the same for every ranking)."""
+    pos = torch.arange(k)
+    earlier = torch.ones(k, k, dtype=torch.bool).tril(-1)
+    left = n - 1 - pos  # items outside the top l + 1
     reach = (n * (n - 1) - left * (left - 1)) // 2
-    d = ((reach - concordant).double() @ dw).float()
-    out = torch.zeros(b, g, g, device=dev)
-    out[:, i, j] = d
-    out[:, j, i] = d
-    return out
+    return _level_weights(n, weighting, k), pos, earlier, reach
 
 
 @functools.lru_cache(maxsize=64)

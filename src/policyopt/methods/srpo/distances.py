@@ -29,10 +29,11 @@ from policyopt.core.rank_distance import (
     check_top_lists,
     complete_rankings,
     grouped_kendall_distances,
-    grouped_top_list_distances,
     reverse_distance,
+    top_list_pair_distances,
 )
 from policyopt.core.structure import produces
+from policyopt.methods.srpo.advantage import consecutive_block_size
 from policyopt.rewards.ranking import parse_ranking
 from policyopt.rewards.shaping import SHAPERS, RewardShaper, ShapingContext
 from policyopt.rollout.base import Rollouts
@@ -85,18 +86,18 @@ class RankingDistances(RewardShaper):
         it (in [0, 1]). Groups of one size, candidate count and cutoff are stacked into one
         batched call."""
         n_rows = len(num_candidates)
-        lengths = (top >= 0).sum(1)
-        fast = _equal_blocks(group_ids, num_candidates, lengths)
-        if fast is not None:  # the usual batch: G rollouts per prompt, one after another
-            size, n = fast
-            k = self.k or max(int(lengths[0]), 1)
-            d = self._block_distances(top[:, : min(top.shape[1], n)], size, n, k)
-            dist = torch.zeros(n_rows, n_rows)  # block-diagonal: group b's block is d[b]
-            dist.view(len(d), size, len(d), size).diagonal(0, 0, 2).copy_(d.permute(1, 2, 0))
+        size = consecutive_block_size(group_ids)
+        n = num_candidates[0] if n_rows else 0
+        # Every row lists as many items as the widest (lists are padded at the end), and
+        # every group ranks the same n candidates: the usual batch, G rollouts per prompt.
+        if size is not None and num_candidates.count(n) == n_rows and bool((top[:, -1] >= 0).all()):
+            k = self.k or top.shape[1]
+            dist = torch.zeros(n_rows, n_rows)  # block-diagonal: group b's block D[b]
+            total = self._fill_blocks(dist, top[:, : min(top.shape[1], n)], size, n, k)
             c = reverse_distance(n, self.weighting, k) if n > 1 else 1.0
             pairs = n_rows * (size - 1)
-            return dist, torch.full((n_rows,), c), float(d.sum()) / c / pairs if pairs else 0.0
-        lengths = lengths.tolist()
+            return dist, torch.full((n_rows,), c), total / c / pairs if pairs else 0.0
+        lengths = (top >= 0).sum(1).tolist()
         buckets: dict[tuple[int, int, int], list[list[int]]] = {}
         for g in torch.unique(group_ids).tolist():
             rows = (group_ids == g).nonzero().squeeze(1).tolist()
@@ -119,28 +120,46 @@ class RankingDistances(RewardShaper):
             count += len(groups) * size * (size - 1)
         return dist, scale, total / count if count else 0.0
 
-    def _block_distances(self, top: torch.Tensor, size: int, n: int, k: int) -> torch.Tensor:
-        """D [B, G, G] of consecutive groups of `size` rows with cutoff k. From the top-k
-        lists alone when every row lists at least min(k, n) items and k² is below the
-        n(n−1)/2 item pairs (the usual ranking-policy batch: the same numbers, a fraction of
-        the cost); else from the completed rankings' pair embeddings."""
+    def _fill_blocks(
+        self, dist: torch.Tensor, top: torch.Tensor, size: int, n: int, k: int
+    ) -> float:
+        """Fill the diagonal blocks of D [N, N] for consecutive groups of `size` rows with
+        cutoff k, and return Σ D over them. From the top-k lists alone when every row lists
+        at least min(k, n) items and k² is below the n(n−1)/2 item pairs (the usual
+        ranking-policy batch: the same numbers, a fraction of the cost); else from the
+        completed rankings' pair embeddings."""
+        b = dist.shape[0] // size
+        blocks = dist.view(b, size, b, size).diagonal(0, 0, 2)  # [G, G, B], a view of D
+        if size < 2 or n < 2:
+            return 0.0
         cut = min(k, n)
         lists = top[:, :cut]
         if lists.shape[1] == cut and cut * cut <= n * (n - 1) // 2 and bool((lists >= 0).all()):
             check_top_lists(top, n)
-            return grouped_top_list_distances(lists.reshape(-1, size, cut), n, self.weighting)
+            d = top_list_pair_distances(lists.reshape(b, size, cut), n, self.weighting)
+            i, j = torch.triu_indices(size, size, offset=1)
+            blocks[i, j] = d.t()
+            blocks[j, i] = d.t()
+            return 2.0 * float(d.sum())
         full = complete_rankings(top, n)
-        return grouped_kendall_distances(full.view(-1, size, n), self.weighting, False, k=k)
+        d = grouped_kendall_distances(full.view(b, size, n), self.weighting, False, k=k)
+        blocks.copy_(d.permute(1, 2, 0))
+        return float(d.sum())
 
 
 def placed_candidates(rollouts: Rollouts) -> torch.Tensor:
     """A ranking policy's rankings as candidate indices, read from its rollouts (the placed
     item ids among the left-padded candidate ids) instead of parsing their text: [N, k],
-    -1 past a shorter ranking's end."""
+    -1 past a shorter ranking's end. Each placed id is looked up among its row's sorted
+    candidate ids (`searchsorted`: O(k log P) per row instead of comparing all k × P pairs;
+    a repeated candidate id resolves to its first column, as a scan would)."""
     prompt, pmask = rollouts.prompt_ids, rollouts.prompt_mask.bool()
-    match = (rollouts.response_ids[:, :, None] == prompt[:, None, :]) & pmask[:, None, :]
-    found, first = match.max(-1)  # any match, and the first one's column (one pass)
-    stray = (rollouts.response_mask > 0) & ~found
+    placed = rollouts.response_mask > 0
+    # Padding columns sort after every real id, so a lookup never lands on one by accident.
+    keyed = prompt.masked_fill(~pmask, torch.iinfo(prompt.dtype).max)
+    ordered, column = keyed.sort(dim=1, stable=True)
+    at = torch.searchsorted(ordered, rollouts.response_ids).clamp_(max=prompt.shape[1] - 1)
+    stray = placed & (ordered.gather(1, at) != rollouts.response_ids)
     if stray.any():
         row = int(stray.any(1).nonzero()[0, 0])
         raise ValueError(
@@ -149,23 +168,8 @@ def placed_candidates(rollouts: Rollouts) -> torch.Tensor:
             "policy (model pl-mlp or pl-linear, rollout.engine=pl). An LM reranker ranks "
             "numbered passages: task rerank"
         )
-    column = first - (~pmask).sum(1, keepdim=True)  # minus left padding
-    return column.masked_fill(rollouts.response_mask == 0, -1)
-
-
-def _equal_blocks(
-    group_ids: torch.Tensor, num_candidates: list[int], lengths: torch.Tensor
-) -> tuple[int, int] | None:
-    """(group size, candidates) when the groups are consecutive blocks of one size, every
-    row has the same number of candidates and of listed items; else None."""
-    if not len(num_candidates) or len(set(num_candidates)) != 1:
-        return None
-    ids, counts = torch.unique_consecutive(group_ids, return_counts=True)
-    if len(torch.unique(ids)) != len(ids) or (counts != counts[0]).any():
-        return None
-    if (lengths != lengths[0]).any():
-        return None
-    return int(counts[0]), num_candidates[0]
+    pad = prompt.shape[1] - pmask.sum(1, keepdim=True)  # left padding
+    return (column.gather(1, at) - pad).masked_fill_(~placed, -1)
 
 
 def _padded_lists(parsed: list[list[int]]) -> torch.Tensor:
