@@ -78,6 +78,30 @@ def test_engine_samples_valid_rankings_with_matching_logprobs():
     assert greedy.response_ids[0].tolist() == [prompts[0][i] for i in s[0].argsort(descending=True)]
 
 
+def test_engine_records_the_placed_candidates():
+    # item_columns: each placed item's index among its row's candidates (left padding not
+    # counted), -1 past a shorter ranking; kept by select and by concatenation.
+    from policyopt.rollout.base import concat_rollouts
+
+    engine = PLEngine(make_ranker())
+    prompts = [[9, 2, 11, 4, 5], [6, 7, 8], [3, 10]]
+    torch.manual_seed(2)
+    r = engine.generate([p for p in prompts for _ in range(3)], SamplingParams(max_new_tokens=4))
+    for row in range(9):
+        cands = prompts[row // 3]
+        ids = r.response_ids[row].tolist()
+        mask = r.response_mask[row].tolist()
+        want = [cands.index(t) if m else -1 for t, m in zip(ids, mask, strict=True)]
+        assert r.item_columns[row].tolist() == want
+    picked = r.select(torch.tensor([8, 0]))
+    assert torch.equal(picked.item_columns, r.item_columns[[8, 0]])
+    short = engine.generate([[1, 2]], SamplingParams(max_new_tokens=4))
+    both = concat_rollouts([short, r], pad_id=0)
+    assert both.item_columns.shape == (10, 4)
+    assert both.item_columns[0].tolist() == short.item_columns[0].tolist() + [-1, -1]
+    assert torch.equal(both.item_columns[1:], r.item_columns)
+
+
 def test_engine_temperature_and_gradient_flow():
     ranker = make_ranker()
     ids = torch.tensor([[1, 2, 3, 4, 2, 1]])

@@ -220,7 +220,9 @@ def top_list_pair_distances(top: Tensor, n: int, weighting: str = "top") -> Tens
     # where[b, j, item]: the item's position in list j, k when j does not list it.
     where = torch.full((b, g, n), k, dtype=torch.long, device=dev)
     where.scatter_(2, top, pos.expand(b, g, k))
-    r = where[:, j].gather(2, top[:, i])  # [B, pairs, p]: list j's position of i's item p
+    # r [B, pairs, p]: list j's position of list i's item p (one gather on the flat table).
+    flat = (j[:, None] * n + top[:, i]).view(b, -1)
+    r = where.view(b, g * n).gather(1, flat).view(b, i.numel(), k)
     # |σ_<p ∩ τ_<r| = #{p' < p : r_p' < r_p}; the int32 sum is the cheaper reduction.
     both_above = ((r[..., None, :] < r[..., :, None]) & earlier).sum(-1, dtype=torch.int32)
     below = (n - 1) - pos - r + both_above  # c_x; meaningless where r = k (not counted)

@@ -67,6 +67,11 @@ class Rollouts:
     # constrained distribution's and the trainer recomputes it over the same tokens.
     # None: unconstrained.
     allowed_bits: torch.Tensor | None = None
+    # [N, R] long: a ranking policy's placed items as indices into its row's candidates (the
+    # prompt without its left padding), -1 past the ranking's end; recorded by the `pl`
+    # engine, which knows what it sampled, so that nothing has to look the ids up again
+    # (SRPO's `ranking_distances`). None: not a ranking engine's rollouts.
+    item_columns: torch.Tensor | None = None
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -95,6 +100,7 @@ class Rollouts:
             truncated=self.truncated[index],
             hidden=pick(self.hidden),
             allowed_bits=pick(self.allowed_bits),
+            item_columns=pick(self.item_columns),
             structure={
                 k: select_structure(v, index, k in self.pairwise) for k, v in self.structure.items()
             },
@@ -169,6 +175,9 @@ def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
         # unconstrained parts, and padding, allow every token (only masked positions)
         words = next(r.allowed_bits.shape[-1] for r in parts if r.allowed_bits is not None)
         allowed_bits = torch.cat([_bits_or_all(r, words, t) for r in parts])
+    item_columns = None
+    if all(r.item_columns is not None for r in parts):
+        item_columns = torch.cat([right(r.item_columns, t, -1) for r in parts])
     return Rollouts(
         prompt_ids=torch.cat([left(r.prompt_ids, p, pad_id) for r in parts]),
         prompt_mask=torch.cat([left(r.prompt_mask, p, 0) for r in parts]),
@@ -183,6 +192,7 @@ def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
         pairwise=pairwise,
         has_entropies=all(r.has_entropies for r in parts),
         allowed_bits=allowed_bits,
+        item_columns=item_columns,
     )
 
 

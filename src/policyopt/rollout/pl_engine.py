@@ -8,7 +8,8 @@ probabilities sum to >= top_p, renormalised), position by position, as an LM eng
 top-p per token; as there, the recorded log-probs are those of the untruncated policy. A query with fewer than k
 candidates is ranked in full (its response is shorter). Per position the engine records the
 sampling log-prob and entropy, computed by the policy's own `response_logprobs` (the same
-function the update uses, so the on-policy ratio is exactly 1). A ranking is never truncated.
+function the update uses, so the on-policy ratio is exactly 1), and the placed items as
+indices into the candidates (`Rollouts.item_columns`). A ranking is never truncated.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class PLEngine(RolloutEngine):
         counts = mask.sum(1, keepdim=True)
         response_mask = torch.arange(k)[None, :] < counts
         response = ids.gather(1, local).masked_fill(~response_mask, PAD_ID)
+        columns = (local - (width - counts)).masked_fill_(~response_mask, -1)  # unpadded
         out = self.model.response_logprobs(
             torch.cat([ids, response], 1),
             torch.cat([mask, response_mask.long()], 1),
@@ -88,6 +90,7 @@ class PLEngine(RolloutEngine):
             entropies=out.entropies.float(),
             truncated=torch.zeros(len(prompts), dtype=torch.bool),
             generated_tokens=int(response_mask.sum()),
+            item_columns=columns,
         )
 
 

@@ -68,23 +68,36 @@ class RankingDistances(RewardShaper):
                 "ltr_synthetic, letor, mslr, rerank)"
             )
         labels, items = ctx.columns["labels"], ctx.columns.get("items")
-        if items is not None:
+        # A ranking engine's own record of its placed items holds distinct candidates by
+        # construction; lists looked up or parsed are checked.
+        distinct = items is not None and ctx.rollouts.item_columns is not None
+        if distinct:
+            top = ctx.rollouts.item_columns
+        elif items is not None:
             top = placed_candidates(ctx.rollouts)
         else:
             parsed = [parse_ranking(c, len(labels[i])) or [] for i, c in enumerate(ctx.completions)]
             top = _padded_lists(parsed)
-        dist, scale, within = self.distances(top, [len(x) for x in labels], ctx.group_ids)
+        dist, scale, within = self.distances(
+            top, [len(x) for x in labels], ctx.group_ids, distinct=distinct
+        )
         ctx.add_structure({"distances": dist}, pairwise=True)
         ctx.add_structure({"distance_scale": scale})
         return rewards, {"srpo/mean_distance": within}
 
     def distances(
-        self, top: torch.Tensor, num_candidates: list[int], group_ids: torch.Tensor
+        self,
+        top: torch.Tensor,
+        num_candidates: list[int],
+        group_ids: torch.Tensor,
+        *,
+        distinct: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, float]:
         """D [N, N] from top lists [N, m] (candidate indices, -1 padding), the reverse
         distance of each row's group [N], and the mean distance within groups normalised by
         it (in [0, 1]). Groups of one size, candidate count and cutoff are stacked into one
-        batched call."""
+        batched call. `distinct`: the lists are known to hold distinct indices < n (a ranking
+        engine's record), so the block path does not check them again."""
         n_rows = len(num_candidates)
         size = consecutive_block_size(group_ids)
         n = num_candidates[0] if n_rows else 0
@@ -93,7 +106,7 @@ class RankingDistances(RewardShaper):
         if size is not None and num_candidates.count(n) == n_rows and bool((top[:, -1] >= 0).all()):
             k = self.k or top.shape[1]
             dist = torch.zeros(n_rows, n_rows)  # block-diagonal: group b's block D[b]
-            total = self._fill_blocks(dist, top[:, : min(top.shape[1], n)], size, n, k)
+            total = self._fill_blocks(dist, top[:, : min(top.shape[1], n)], size, n, k, distinct)
             c = reverse_distance(n, self.weighting, k) if n > 1 else 1.0
             pairs = n_rows * (size - 1)
             return dist, torch.full((n_rows,), c), total / c / pairs if pairs else 0.0
@@ -121,7 +134,7 @@ class RankingDistances(RewardShaper):
         return dist, scale, total / count if count else 0.0
 
     def _fill_blocks(
-        self, dist: torch.Tensor, top: torch.Tensor, size: int, n: int, k: int
+        self, dist: torch.Tensor, top: torch.Tensor, size: int, n: int, k: int, distinct: bool
     ) -> float:
         """Fill the diagonal blocks of D [N, N] for consecutive groups of `size` rows with
         cutoff k, and return Σ D over them. From the top-k lists alone when every row lists
@@ -135,7 +148,8 @@ class RankingDistances(RewardShaper):
         cut = min(k, n)
         lists = top[:, :cut]
         if lists.shape[1] == cut and cut * cut <= n * (n - 1) // 2 and bool((lists >= 0).all()):
-            check_top_lists(top, n)
+            if not distinct:
+                check_top_lists(top, n)
             d = top_list_pair_distances(lists.reshape(b, size, cut), n, self.weighting)
             i, j = torch.triu_indices(size, size, offset=1)
             blocks[i, j] = d.t()
