@@ -114,5 +114,9 @@ def test_rerank_study_runs_both_methods_and_resumes(tmp_path):
         for _, reward, parse, _, parsed in r["curve"]:
             assert reward == pytest.approx(parse * parsed, abs=1e-9)
     assert rows[0]["before"] == rows[1]["before"]  # one SFT model per seed
+    # SRPO's advantage metrics are logged by the srpo run only.
+    assert -1 <= rows[0]["srpo/corr_grpo_mean"] <= 1
+    assert 0 <= rows[0]["srpo/saturation_mean"] <= 1
+    assert rows[1]["srpo/corr_grpo_mean"] is None
     assert main(args) == 0  # both done: nothing runs again
     assert len(out.read_text().splitlines()) == 2

@@ -95,6 +95,11 @@ def run_one(method: str, seed: int, overrides: list[str], console: Console) -> d
         curve.append((trainer.step, *(final[k] for k in KEYS)))
     train_rewards = [r["reward/mean"] for r in records if "reward/mean" in r]
     unparseable = [r["unparseable"] / r["leaves"] for r in records if "unparseable" in r]
+    # SRPO's own advantage metrics (srpo runs only): how far its advantage is from GRPO's.
+    mechanism = {
+        f"{key}_mean": _mean([r[key] for r in records if key in r])
+        for key in ("srpo/corr_grpo", "srpo/saturation", "srpo/zero_distance_pairs")
+    }
     return {
         "method": method,
         "seed": seed,
@@ -108,6 +113,7 @@ def run_one(method: str, seed: int, overrides: list[str], console: Console) -> d
         "train_reward_last5": _mean(train_rewards[-5:]),
         "train_unparseable_first5": _mean(unparseable[:5]),
         "train_unparseable_last5": _mean(unparseable[-5:]),
+        **mechanism,
         "sft": sft,
         "sft_seconds": t_sft,
         "wall_s": time.perf_counter() - start,
