@@ -125,6 +125,22 @@ def _shape(x: object) -> str:
 # ----------------------------------------------------------------------------- group helpers
 
 
+def consecutive_block_size(group_ids: Tensor) -> int | None:
+    """G when the rollouts are B groups of G, one group after another (distinct ids, each
+    block's ids equal), else None. On the Python list: for one step's N rollouts that is
+    cheaper than the tensor ops that would test it (SRPO's shaper and advantage)."""
+    ids = group_ids.tolist()
+    if not ids:
+        return None
+    size = ids.count(ids[0])
+    if len(ids) % size:
+        return None
+    heads = ids[::size]
+    if len(set(heads)) != len(heads) or ids != [h for h in heads for _ in range(size)]:
+        return None
+    return size
+
+
 def group_index(group_ids: Tensor) -> tuple[Tensor, int]:
     """(index [N] in 0..num_groups-1 of each rollout's group, num_groups)."""
     _, index = torch.unique(group_ids, return_inverse=True)

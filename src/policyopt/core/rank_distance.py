@@ -196,9 +196,9 @@ def grouped_top_list_distances(top: Tensor, n: int, weighting: str = "top") -> T
     of the embeddings does."""
     b, g, k = top.shape
     out = torch.zeros(b, g, g, device=top.device)
+    if k > n:
+        raise ValueError(f"top lists of {k} items from n = {n}")
     if n < 2 or k == 0 or b * g == 0:
-        if k > n:
-            raise ValueError(f"top lists of {k} items from n = {n}")
         return out
     i, j = (x.to(top.device) for x in _pairs(g))
     d = top_list_pair_distances(top, n, weighting)

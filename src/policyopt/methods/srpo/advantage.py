@@ -43,7 +43,7 @@ import math
 import torch
 from torch import Tensor
 
-from policyopt.core.advantages import ADVANTAGES
+from policyopt.core.advantages import ADVANTAGES, consecutive_block_size
 from policyopt.core.structure import needs
 
 NORMALIZATIONS = ("reverse", "group_mean", "none")
@@ -85,22 +85,6 @@ def srpo_advantages(
     return _general_advantages(
         rewards, group_ids, distances, distance_scale, normalize, temperature, eps
     )
-
-
-def consecutive_block_size(group_ids: Tensor) -> int | None:
-    """G when the rollouts are B groups of G, one group after another (distinct ids, each
-    block's ids equal), else None. On the Python list: for one step's N rollouts that is
-    cheaper than the tensor ops that would test it."""
-    ids = group_ids.tolist()
-    if not ids:
-        return None
-    size = ids.count(ids[0])
-    if len(ids) % size:
-        return None
-    heads = ids[::size]
-    if len(set(heads)) != len(heads) or ids != [h for h in heads for _ in range(size)]:
-        return None
-    return size
 
 
 def _block_advantages(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from policyopt.core.advantages import consecutive_block_size
 from policyopt.core.rank_distance import (
     WEIGHTINGS,
     check_top_lists,
@@ -33,7 +34,6 @@ from policyopt.core.rank_distance import (
     top_list_pair_distances,
 )
 from policyopt.core.structure import produces
-from policyopt.methods.srpo.advantage import consecutive_block_size
 from policyopt.rewards.ranking import parse_ranking
 from policyopt.rewards.shaping import SHAPERS, RewardShaper, ShapingContext
 from policyopt.rollout.base import Rollouts
