@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from transformers import AutoTokenizer
 
 from policyopt.methods.dmrl.lrp_features import build_bank
 from policyopt.methods.dmrl.lrp_io import save_lrp
@@ -39,6 +38,7 @@ from policyopt.methods.dmrl.lrp_train import (
 )
 from policyopt.methods.dmrl.surrogate import SurrogateIndex
 from policyopt.models.cache import cache_dir
+from policyopt.models.loading import load_tokenizer
 from policyopt.models.threads import apply_num_threads
 from policyopt.models.tiny import build_char_tokenizer, embedded_size
 from policyopt.recipes.pipeline import warm_started_policy
@@ -146,7 +146,7 @@ def _tokenizer_for(config: Config) -> Any:
     """The editor's tokenizer (for the budget check, before any model is trained)."""
     if embedded_size(config.model.name_or_path) is not None:
         return build_char_tokenizer()
-    return AutoTokenizer.from_pretrained(config.model.name_or_path)
+    return load_tokenizer(config.model.name_or_path)
 
 
 def run_dmrl_pipeline(config: Config, console: Console | None = None) -> dict[str, Any]:

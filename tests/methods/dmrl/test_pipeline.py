@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 
 from policyopt.recipes import recipe_config
-from policyopt.recipes.dmrl_pipeline import platform_for, proposal_summary, run_dmrl_pipeline
+from policyopt.recipes.dmrl_pipeline import (
+    check_token_budget,
+    platform_for,
+    proposal_summary,
+    run_dmrl_pipeline,
+)
 from policyopt.tasks.adsim.history import burn_in
 from policyopt.tasks.skilldoc.document import parse_document
 from policyopt.tasks.skilldoc.rule_agent import RuleAgent
@@ -96,3 +101,15 @@ def test_quickstart_dmrl_tiny(tmp_path, monkeypatch):
     assert config.rollout.engine_options == {"grammar": "skill_rule"}
     assert saved["malformed_fraction"] == 0
     assert saved["edit_token_budget"] == 57 == config.rollout.max_new_tokens
+
+
+def test_the_budget_check_reads_a_named_models_tokenizer():
+    """`model.name_or_path=smollm2` (the SmolLM2 editor): the budget check loads its
+    tokenizer through the project's loader, not as a Hub name (it raised OSError)."""
+    from policyopt.recipes.dmrl_pipeline import _tokenizer_for
+
+    config = recipe_config("dmrl", ["model.name_or_path=smollm2"], None, 0)
+    tok = _tokenizer_for(config)
+    assert len(tok) == 49152
+    # BPE: far fewer tokens than the character model's budget for the same edits
+    assert check_token_budget(57, tok, 8) < 57
