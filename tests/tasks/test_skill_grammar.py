@@ -119,3 +119,16 @@ def test_the_probe_counts_rules_that_set_nothing() -> None:
     assert not sets_a_parameter(Edit("ranking", "replace", 0, "cap repeadged adsers meium"))
     assert sets_a_parameter(Edit("ranking", "delete", 0, ""))
     assert not sets_a_parameter(Edit("casual", "insert", 0, "set quality weight low"))
+
+
+def test_the_document_is_found_inside_a_chat_template() -> None:
+    """`model.chat_template=true` (the SmolLM2 editor): the engine decodes the templated
+    prompt, so the grammar sees the role words around the document ('cannot read line
+    "system"' before the fix)."""
+    prompt = render_prompt(START_DOCUMENT, [])
+    # SmolLM2's template as `batch_decode(skip_special_tokens=True)` returns it
+    wrapped = f"system\nYou are a helpful AI assistant named SmolLM\nuser\n{prompt}\nassistant\n"
+    assert prompt_document(wrapped) == START_DOCUMENT
+    assert SkillRuleGrammar().ebnf(wrapped) == edit_ebnf(START_DOCUMENT, "rules")
+    with pytest.raises(ValueError, match="no skill document"):
+        prompt_document("system\nno document here\n")

@@ -83,9 +83,15 @@ def edit_ebnf(doc: SkillDocument, content: str = "rules") -> str:
 
 
 def prompt_document(prompt_text: str) -> SkillDocument:
-    """The document at the start of an editor prompt (up to its "recent:" line)."""
+    """The document of an editor prompt: from its first section header to the "recent:"
+    line. The engine hands the decoded prompt, so with `model.chat_template` the template's
+    role words come before it."""
     head = prompt_text.split("\nrecent:", 1)[0]
-    return parse_document(head)
+    lines = head.split("\n")
+    first = next((i for i, x in enumerate(lines) if x.startswith("[") and x.endswith("]")), None)
+    if first is None:
+        raise ValueError(f"no skill document (no [section] line) in the prompt {head[:80]!r}")
+    return parse_document("\n".join(lines[first:]))
 
 
 @GRAMMARS.register("skill_rule")
