@@ -113,3 +113,26 @@ def test_the_budget_check_reads_a_named_models_tokenizer():
     assert len(tok) == 49152
     # BPE: far fewer tokens than the character model's budget for the same edits
     assert check_token_budget(57, tok, 8) < 57
+
+
+@pytest.mark.slow
+def test_the_smollm2_editor_recipe_runs_with_lora_and_the_grammar(tmp_path, monkeypatch):
+    """`policyopt quickstart dmrl_smollm2` at a tiny size: SmolLM2-135M-Instruct with a LoRA
+    adapter, its chat template, the edit grammar over its BPE vocabulary."""
+    monkeypatch.setenv("POLICYOPT_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    small = [o for o in TINY if not o.startswith(("sft.steps", "rollout.group_size"))]
+    config = recipe_config(
+        "dmrl_smollm2",
+        [*small, "sft.steps=1", "sft.batch_size=2", "rollout.group_size=2"],
+        str(out),
+        None,
+    )
+    assert config.model.lora.enabled and config.model.chat_template
+    saved = run_dmrl_pipeline(config)
+    assert saved["rl_steps"] == 2
+    assert saved["malformed_fraction"] == 0  # the grammar found the document in the template
+    # the budget is the BPE tokenizer's (the character model needs 57)
+    assert saved["edit_token_budget"] < 57
+    # the adapter was trained and saved, the base weights were not
+    assert list(out.glob("**/adapter_model.safetensors"))
