@@ -2,6 +2,7 @@
 and the final deployed value as regret to a large search, per arm, over seeds.
 
     python -m policyopt.recipes.dmrl_editor_study --seeds 0 1 2 3 4 --out runs/dmrl_editor
+    python -m policyopt.recipes.dmrl_editor_study --recipe dmrl_smollm2 --arms random sft drpo ...
 
 Arms (each the `dmrl` recipe, one seed's LRP and the shared SFT warm start, both cached):
 `drpo`, `no_mad`, `no_control`, `no_edit_cost`, `grpo` (the ablation's variants,
@@ -120,14 +121,16 @@ def search_value(config: Config, out: Path, budget: int) -> dict[str, Any]:
     return rec
 
 
-def run_arm(arm: str, seed: int, out: Path, overrides: list[str]) -> dict[str, Any]:
+def run_arm(
+    arm: str, seed: int, out: Path, overrides: list[str], recipe: str = "dmrl"
+) -> dict[str, Any]:
     run_dir = out / arm / f"seed{seed}"
     path = run_dir / "summary.json"
     if path.exists():
         return json.loads(path.read_text())
     extra = [] if arm == "random" else arm_overrides(arm)
     config = recipe_config(
-        "dmrl",
+        recipe,
         [*overrides, *extra, "train.resume=null", "train.progress=false"],
         str(run_dir),
         seed,
@@ -194,7 +197,7 @@ def report(out: Path, seeds: list[int], arms: list[str], budget: int) -> dict[st
             if base == arm or base not in rows:
                 continue
             common = sorted(set(per) & set(rows[base]))
-            for k in ("lift_all", "lift_half", "lift_tail", "gain", "regret"):
+            for k in ("lift_all", "lift_half", "vs_random_all", "vs_random_half", "gain", "regret"):
                 diffs = [per[s][k] - rows[base][s][k] for s in common]
                 if len(diffs) >= 2:
                     m, h = mean_ci(diffs)
@@ -241,6 +244,7 @@ def main() -> None:
     p.add_argument("--out", default="runs/dmrl_editor")
     p.add_argument("--arms", nargs="+", default=ARMS, choices=ARMS)
     p.add_argument("--search-budget", type=int, default=1000)
+    p.add_argument("--recipe", default="dmrl", help="dmrl or a recipe over it (dmrl_smollm2)")
     p.add_argument("--report-only", action="store_true")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     args = p.parse_args()
@@ -248,10 +252,10 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         for seed in args.seeds:  # seed-major: a partial study has every arm on its seeds
-            cfg = recipe_config("dmrl", list(args.overrides), None, seed)
+            cfg = recipe_config(args.recipe, list(args.overrides), None, seed)
             search_value(cfg, out, args.search_budget)
             for arm in args.arms:
-                run_arm(arm, seed, out, list(args.overrides))
+                run_arm(arm, seed, out, list(args.overrides), args.recipe)
     result = report(out, args.seeds, args.arms, args.search_budget)
     print(table(result))
 

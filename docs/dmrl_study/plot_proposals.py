@@ -1,0 +1,88 @@
+"""The DMRL editor study's curves (issue 20): per step, the proposals' true 7-day lift minus
+that of random well-formed edits from the same state (10-step running mean), and the
+deployed configuration's true value relative to the start; mean over seeds, 95% t band.
+
+    python docs/dmrl_study/plot_proposals.py [--study docs/dmrl_study/editor]
+
+Reads `<arm>/seed<S>/dmrl_days.jsonl` and `summary.json` (what
+`python -m policyopt.recipes.dmrl_editor_study` writes); writes `proposals.png` beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from scipy import stats  # noqa: E402
+
+ARMS = ["random", "sft", "grpo", "drpo", "no_mad", "no_control", "no_edit_cost"]
+WINDOW = 10
+
+
+def running_mean(x: np.ndarray, w: int) -> np.ndarray:
+    c = np.cumsum(np.insert(x, 0, 0.0))
+    out = np.empty_like(x)
+    for i in range(len(x)):
+        lo = max(0, i + 1 - w)
+        out[i] = (c[i + 1] - c[lo]) / (i + 1 - lo)
+    return out
+
+
+def band(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    mean = rows.mean(0)
+    if len(rows) < 2:
+        return mean, np.zeros_like(mean)
+    half = stats.t.ppf(0.975, len(rows) - 1) * rows.std(0, ddof=1) / np.sqrt(len(rows))
+    return mean, half
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--study", default=str(Path(__file__).parent / "editor"))
+    study = Path(p.parse_args().study)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for arm in ARMS:
+        runs = sorted((study / arm).glob("seed*/dmrl_days.jsonl"))
+        if not runs:
+            continue
+        lift, value = [], []
+        for path in runs:
+            days = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+            start = json.loads((path.parent / "summary.json").read_text())[
+                "initial_long_term_value"
+            ]
+            d = np.array([r["true_lift"] - r["random_true_lift"] for r in days])
+            lift.append(running_mean(d, WINDOW) * 100)
+            value.append((np.array([r["deployed_true_value"] for r in days]) / start - 1) * 100)
+        steps = np.arange(1, len(lift[0]) + 1)
+        for ax, rows in ((ax1, np.array(lift)), (ax2, np.array(value))):
+            mean, half = band(rows)
+            ax.plot(steps, mean, label=f"{arm} ({len(rows)} seeds)")
+            ax.fill_between(steps, mean - half, mean + half, alpha=0.12)
+    ax1.axhline(0, color="k", lw=0.7)
+    ax1.set(
+        xlabel="step (day)",
+        ylabel="proposals − random edits, true 7-day lift (%)",
+        title=f"editor's proposals against random edits from the same state ({WINDOW}-step mean)",
+    )
+    ax2.set(
+        xlabel="step (day)",
+        ylabel="deployed configuration, true 7-day value vs start (%)",
+        title="deployed value",
+    )
+    ax1.title.set_fontsize(9)
+    ax2.title.set_fontsize(9)
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(study.parent / "proposals.png", dpi=110)
+    print(study.parent / "proposals.png")
+
+
+if __name__ == "__main__":
+    main()
