@@ -26,6 +26,23 @@ def small_overrides(output_dir: Path, steps: int = 4) -> list[str]:
     ]
 
 
+def dmrl_tiny_overrides(days: int = 2) -> list[str]:
+    """The `dmrl` recipe at the size of a few-second run: a small history and LRP, 2 SFT
+    steps, one state x 4 edits a day for `days` days."""
+    return [
+        "task.options.history=24",
+        "task.options.users_per_arm=50",
+        "task.options.eval_users=100",
+        "task.options.lrp={hidden: 8, warmup_epochs: 5, disc_epochs: 2, joint_epochs: 2}",
+        "sft.steps=2",
+        "rollout.group_size=4",
+        "rollout.prompts_per_step=1",
+        f"train.steps={days}",
+        "train.progress=false",
+        "train.plot=false",
+    ]
+
+
 def sampled_round(trainer, indices: list[int]):  # noqa: ANN201
     """One sampling round of the trainer on training rows `indices`, through the step's own
     stages: rollout, then score (policyopt.trainer.step)."""

@@ -34,7 +34,7 @@ from policyopt.methods.dmrl.reward import dmrl_lrp_reward
 from policyopt.models.threads import apply_num_threads
 from policyopt.recipes import recipe_config
 from policyopt.recipes.dmrl_ablation import VARIANTS
-from policyopt.recipes.dmrl_pipeline import cached_lrp, proposal_summary, run_dmrl_pipeline
+from policyopt.recipes.dmrl_pipeline import live_options, proposal_summary, run_dmrl_pipeline
 from policyopt.tasks.adsim.search import large_search
 from policyopt.tasks.base import get_task
 from policyopt.tasks.skilldoc.scripted import START_DOCUMENT, scripted_edit
@@ -53,25 +53,12 @@ def arm_overrides(arm: str) -> list[str]:
     return [f"{k}={json.dumps(v)}" for k, v in variant.items()] + extra
 
 
-def _live_options(config: Config, run_dir: Path) -> dict[str, Any]:
-    """The live task's options, as `run_dmrl_pipeline` builds them (LRP cached per seed)."""
-    options = dict(config.task.options)
-    options.setdefault("seed", config.train.seed)
-    lrp = cached_lrp(options, run_dir / "lrp")
-    return {
-        **options,
-        "mode": "live",
-        "lrp_path": str(run_dir / "lrp"),
-        "first_day": int(lrp["first_online_day"]),
-    }
-
-
 def run_random(config: Config, run_dir: Path) -> dict[str, Any]:
     """The deployment loop of the `dmrl` task with random well-formed edits as proposals:
     `train.steps` days, `prompts_per_step x group_size` edits a day."""
     apply_num_threads(config.train.num_threads, None)
     start = time.perf_counter()
-    task = get_task("dmrl_skill", **_live_options(config, run_dir))
+    task = get_task("dmrl_skill", **live_options(config, run_dir)[0])
     env = task.env  # type: ignore[attr-defined]
     per_day = config.rollout.prompts_per_step * config.rollout.group_size
     rng = np.random.default_rng([config.train.seed, 11])  # not the day records' stream

@@ -149,6 +149,22 @@ def _tokenizer_for(config: Config) -> Any:
     return load_tokenizer(config.model.name_or_path)
 
 
+def live_options(config: Config, out: Path) -> tuple[dict[str, Any], dict[str, float]]:
+    """The seed's LRP, cached and copied to `<out>/lrp`, and the live task's options that
+    read it (online from the day after the LRP's history); the run and the editor study's
+    random arm build their live task from these."""
+    options = dict(config.task.options)
+    options.setdefault("seed", config.train.seed)
+    lrp = cached_lrp(options, out / "lrp")
+    live = {
+        **options,
+        "mode": "live",
+        "lrp_path": str(out / "lrp"),
+        "first_day": int(lrp["first_online_day"]),
+    }
+    return live, lrp
+
+
 def run_dmrl_pipeline(config: Config, console: Console | None = None) -> dict[str, Any]:
     console = console or Console()
     start = time.perf_counter()
@@ -163,7 +179,7 @@ def run_dmrl_pipeline(config: Config, console: Console | None = None) -> dict[st
     budget = check_token_budget(
         config.rollout.max_new_tokens, probe_tok, int(options.get("token_margin", 8))
     )
-    lrp = cached_lrp(options, out / "lrp")
+    live, lrp = live_options(config, out)
     lrp["lrp_seconds"] = time.perf_counter() - t0  # near 0 when cached
     console.print(
         f"LRP Spearman {lrp['lrp_spearman']:.3f} vs surrogate {lrp['surrogate_spearman']:.3f} "
@@ -182,12 +198,7 @@ def run_dmrl_pipeline(config: Config, console: Console | None = None) -> dict[st
     sft_config.train.seed = 0
     model, tok, sft_metrics = warm_started_policy(sft_config, console)
     rl_config = copy.deepcopy(config)
-    rl_config.task.options = {
-        **options,
-        "mode": "live",
-        "lrp_path": str(out / "lrp"),
-        "first_day": int(lrp["first_online_day"]),
-    }
+    rl_config.task.options = live
     trainer = Trainer(rl_config, model=model, tokenizer=tok, console=console)
     try:
         task = trainer.task

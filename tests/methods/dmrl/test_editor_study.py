@@ -19,19 +19,9 @@ from policyopt.recipes.dmrl_editor_study import (
     table,
 )
 from policyopt.tasks.skilldoc.document import parse_document
+from run_configs import dmrl_tiny_overrides
 
-# the quickstart smoke's sizes (test_pipeline.py), 3 days
-STUDY = [
-    "task.options.history=24",
-    "task.options.users_per_arm=50",
-    "task.options.eval_users=100",
-    "task.options.lrp={hidden: 8, warmup_epochs: 5, disc_epochs: 2, joint_epochs: 2}",
-    "sft.steps=2",
-    "rollout.group_size=4",
-    "rollout.prompts_per_step=1",
-    "train.steps=3",
-    "train.plot=false",
-]
+STUDY = dmrl_tiny_overrides(days=3)
 
 
 def test_the_sft_arm_is_drpo_with_the_update_off():

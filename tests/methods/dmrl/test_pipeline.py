@@ -18,19 +18,9 @@ from policyopt.tasks.adsim.history import burn_in
 from policyopt.tasks.skilldoc.document import parse_document
 from policyopt.tasks.skilldoc.rule_agent import RuleAgent
 from policyopt.tasks.skilldoc.scripted import START_DOCUMENT
+from run_configs import dmrl_tiny_overrides
 
-TINY = [
-    "task.options.history=24",
-    "task.options.users_per_arm=50",
-    "task.options.eval_users=100",
-    "task.options.lrp={hidden: 8, warmup_epochs: 5, disc_epochs: 2, joint_epochs: 2}",
-    "sft.steps=2",
-    "rollout.group_size=4",
-    "rollout.prompts_per_step=1",
-    "train.steps=2",
-    "train.progress=false",
-    "train.plot=false",
-]
+TINY = dmrl_tiny_overrides(days=2)
 
 
 def test_a_budget_that_cuts_edits_is_refused_before_training(tmp_path):
