@@ -70,6 +70,9 @@ def test_the_report_is_the_day_records_by_hand(study):
         diffs.append(lift_sft - lift_rnd)
         paired = np.mean([r["true_lift"] - r["random_true_lift"] for r in _days(out, "sft", seed)])
         assert sft["per_seed"][seed]["vs_random_all"] == pytest.approx(paired)
+        # the second half of the run's days (here days 1-2 of 0-2; of 60, days 30-59)
+        late = [r["true_lift"] - r["random_true_lift"] for r in _days(out, "sft", seed)[1:]]
+        assert sft["per_seed"][seed]["vs_random_half"] == pytest.approx(np.mean(late))
         search = json.loads((out / "search" / f"seed{seed}_b20.json").read_text())
         summary = json.loads((out / "sft" / f"seed{seed}" / "summary.json").read_text())
         row = sft["per_seed"][seed]
