@@ -2,7 +2,7 @@
 that of random well-formed edits from the same state (10-step running mean), and the
 deployed configuration's true value relative to the start; mean over seeds, 95% t band.
 
-    python docs/dmrl_study/plot_proposals.py [--study docs/dmrl_study/editor]
+    python docs/dmrl_study/plot_proposals.py [--study docs/dmrl_study/editor] [--out FIG]
 
 Reads `<arm>/seed<S>/dmrl_days.jsonl` and `summary.json` (what
 `python -m policyopt.recipes.dmrl_editor_study` writes); writes `proposals.png` beside them.
@@ -45,7 +45,9 @@ def band(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--study", default=str(Path(__file__).parent / "editor"))
-    study = Path(p.parse_args().study)
+    p.add_argument("--out", default=None, help="the figure (default: proposals.png beside --study)")
+    args = p.parse_args()
+    study = Path(args.study)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     for arm in ARMS:
         runs = sorted((study / arm).glob("seed*/dmrl_days.jsonl"))
@@ -80,8 +82,9 @@ def main() -> None:
     ax2.title.set_fontsize(9)
     ax2.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(study.parent / "proposals.png", dpi=110)
-    print(study.parent / "proposals.png")
+    out = Path(args.out) if args.out else study.parent / "proposals.png"
+    fig.savefig(out, dpi=110)
+    print(out)
 
 
 if __name__ == "__main__":
