@@ -19,7 +19,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from scipy import stats  # noqa: E402
+
+from policyopt.core.stats import mean_ci  # noqa: E402
+from policyopt.recipes.dmrl_editor_study import days as day_records  # noqa: E402
 
 ARMS = ["random", "sft", "grpo", "drpo", "no_mad", "no_control", "no_edit_cost"]
 WINDOW = 10
@@ -35,11 +37,9 @@ def running_mean(x: np.ndarray, w: int) -> np.ndarray:
 
 
 def band(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    mean = rows.mean(0)
-    if len(rows) < 2:
-        return mean, np.zeros_like(mean)
-    half = stats.t.ppf(0.975, len(rows) - 1) * rows.std(0, ddof=1) / np.sqrt(len(rows))
-    return mean, half
+    """Per step: the mean over seeds and the 95% t half-width (0 for one seed)."""
+    stats = np.array([mean_ci(col.tolist()) for col in rows.T])
+    return stats[:, 0], np.nan_to_num(stats[:, 1])
 
 
 def main() -> None:
@@ -50,15 +50,14 @@ def main() -> None:
     study = Path(args.study)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     for arm in ARMS:
-        runs = sorted((study / arm).glob("seed*/dmrl_days.jsonl"))
-        if not runs:
+        seeds = sorted(int(d.name[4:]) for d in (study / arm).glob("seed*") if d.is_dir())
+        if not seeds:
             continue
         lift, value = [], []
-        for path in runs:
-            days = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-            start = json.loads((path.parent / "summary.json").read_text())[
-                "initial_long_term_value"
-            ]
+        for seed in seeds:
+            days = day_records(study, arm, seed)
+            summary = json.loads((study / arm / f"seed{seed}" / "summary.json").read_text())
+            start = summary["initial_long_term_value"]
             d = np.array([r["true_lift"] - r["random_true_lift"] for r in days])
             lift.append(running_mean(d, WINDOW) * 100)
             value.append((np.array([r["deployed_true_value"] for r in days]) / start - 1) * 100)
