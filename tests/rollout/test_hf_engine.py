@@ -193,3 +193,108 @@ def test_left_pad_and_concat() -> None:
     assert c.prompt_ids.tolist() == [[5, 6], [0, 7], [0, 6]]
     assert c.response_ids.tolist() == [[9, 2, 0], [9, 0, 0], [4, 4, 2]]
     assert c.generated_tokens == 6 and c.lengths.tolist() == [2, 1, 3]
+
+
+def _spread_token(r: Rollouts) -> int:
+    """The token whose first occurrence falls at the most different steps across rows: taken
+    as EOS, it ends rows at different steps (the untrained model rarely samples its own)."""
+    firsts: dict[int, set[int]] = {}
+    for row in r.response_ids.tolist():
+        seen: set[int] = set()
+        for t, token in enumerate(row):
+            if token not in seen:
+                seen.add(token)
+                firsts.setdefault(token, set()).add(t)
+    return max(firsts, key=lambda token: (len(firsts[token]), -token))
+
+
+def _batch_sizes(model) -> tuple[list[int], object]:
+    sizes: list[int] = []
+    hook = model.get_output_embeddings().register_forward_pre_hook(
+        lambda _m, args: sizes.append(args[0].shape[0])
+    )
+    return sizes, hook
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_ended_rows_leave_the_decode_batch_and_change_nothing(tiny, lean) -> None:
+    """Rows that sampled EOS are dropped from the model's batch (and their KV cache rows),
+    and every row decodes what it decodes when all rows stay to the end."""
+    model, tok = tiny
+    p = [
+        tok(f"Q:{a}+{b}=?\n", add_special_tokens=False)["input_ids"]
+        for a in range(4)
+        for b in (1, 22, 333)
+    ]
+    greedy = SamplingParams(max_new_tokens=12, greedy=True)
+    full = HFEngine(model, tok, lean_decode=lean, compact_decode=False)
+    eos = _spread_token(full.generate(p, greedy))
+    compact = HFEngine(model, tok, lean_decode=lean)
+    full.eos_id = compact.eos_id = eos
+    sizes, hook = _batch_sizes(model)
+    try:
+        kept = full.generate(p, greedy)
+        every = list(sizes)
+        sizes.clear()
+        dropped = compact.generate(p, greedy)
+    finally:
+        hook.remove()
+    assert set(every) == {len(p)}
+    assert sizes[0] == len(p) and min(sizes) < 0.75 * len(p)  # the batch shrank
+    assert sizes == sorted(sizes, reverse=True)
+    assert len(set(dropped.lengths.tolist())) > 1  # rows ended at different steps
+    assert torch.equal(dropped.response_ids, kept.response_ids)
+    assert torch.equal(dropped.response_mask, kept.response_mask)
+    assert torch.equal(dropped.truncated, kept.truncated)
+    torch.testing.assert_close(dropped.logp, kept.logp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(dropped.entropies, kept.entropies, atol=1e-5, rtol=0)
+
+
+def test_sampled_logprobs_after_rows_leave_match_the_full_forward(tiny) -> None:
+    """Sampling with a shrinking batch: each row's recorded log-probs are still its own
+    (its KV cache rows stayed aligned), as a full forward over the finished rows computes."""
+    model, tok = tiny
+    p = prompts(tok) * 6
+    params = SamplingParams(max_new_tokens=16, temperature=0.8)
+    probe = HFEngine(model, tok, compact_decode=False, generator=torch.Generator().manual_seed(0))
+    engine = HFEngine(model, tok, generator=torch.Generator().manual_seed(0))
+    engine.eos_id = _spread_token(probe.generate(p, params))
+    sizes, hook = _batch_sizes(model)
+    try:
+        r = engine.generate(p, params)
+    finally:
+        hook.remove()
+    assert min(sizes) < len(p)
+    ref = naive_response_logprobs(
+        model,
+        r.input_ids(),
+        r.attention_mask(),
+        r.response_ids.shape[1],
+        temperature=0.8,
+        with_entropy=True,
+    )
+    m = r.response_mask.bool()
+    assert torch.allclose(r.logp[m], ref.logp[m], atol=1e-5)
+    assert torch.allclose(r.entropies[m], ref.entropies[m], atol=1e-4)
+    assert (r.logp[~m] == 0).all() and (r.response_ids[~m] == tok.pad_token_id).all()
+
+
+def test_kept_caches_and_hidden_states_keep_every_row(tiny) -> None:
+    """Where the caller reads the cache afterwards (tree forks) or one hidden state per row
+    and step (GAR), no row leaves the batch."""
+    model, tok = tiny
+    p = prompts(tok) * 4
+    greedy = SamplingParams(max_new_tokens=10, greedy=True)
+    engine = HFEngine(model, tok)
+    engine.eos_id = _spread_token(HFEngine(model, tok).generate(p, greedy))
+    sizes, hook = _batch_sizes(model)
+    try:
+        r, kept = engine.generate_with_cache(p, greedy)
+        # (the prefill runs once per distinct prompt: 3 rows)
+        assert set(sizes[1:]) == {len(p)} and len(set(r.lengths.tolist())) > 1
+        assert kept.caches[0].layers[0].keys.shape[0] == len(p)
+        sizes.clear()
+        engine.generate(p, SamplingParams(max_new_tokens=10, greedy=True, with_hidden=True))
+        assert set(sizes[1:]) == {len(p)}
+    finally:
+        hook.remove()

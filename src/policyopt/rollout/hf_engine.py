@@ -1,7 +1,12 @@
 """Batched sampling with the model's KV cache, on any Hugging Face causal LM.
 
-One forward per new token for the whole batch; rows that reached EOS keep feeding padding
-(masked out) until every row is done or `max_new_tokens` is reached.
+One forward per new token for the batch, until every row is done or `max_new_tokens` is
+reached. Rows that reached EOS leave the model's batch (their KV cache rows dropped) once a
+quarter of it has ended (`decode`), so that the short answers of a trained policy do not pay
+for the longest one: on the quickstart's SFT model, 16 x 8 samples of up to 48 tokens,
+sampling took 0.15 s instead of 0.25 s per step (docs/results.md). Where the caller reads
+the cache or one hidden state per row and step afterwards, every row stays to the end,
+feeding padding (masked out); `compact_decode=False` does that always.
 
 On a small model the decode loop is overhead-bound rather than compute-bound, so two things
 are done once instead of per token or per row: a group's G copies of a prompt share one
@@ -85,6 +90,7 @@ class HFEngine(RolloutEngine):
         batch_size: int = 256,
         generator: torch.Generator | None = None,
         lean_decode: bool = True,
+        compact_decode: bool = True,
         grammar: str | None = None,
     ) -> None:
         self.model = model
@@ -95,6 +101,8 @@ class HFEngine(RolloutEngine):
             self.tree_rollouts = False
         # Decode a Llama model through its modules, not its forward (same logits; `llama_step`).
         self.lean_decode = lean_decode
+        # Drop ended rows from the decode batch (`decode`); off: every row to the end.
+        self.compact_decode = compact_decode
         self.tokenizer = tokenizer  # strategies that read text (DATPO's sentence forks)
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
@@ -109,14 +117,14 @@ class HFEngine(RolloutEngine):
         params: SamplingParams,
         on_finished: FinishedFn | None = None,
     ) -> Rollouts:
-        return self._generate(prompts, params, on_finished)[0]
+        return self._generate(prompts, params, on_finished, keep_cache=False)[0]
 
     @torch.no_grad()
     def generate_with_cache(
         self, prompts: list[list[int]], params: SamplingParams
     ) -> tuple[Rollouts, KeptCache]:
         """`generate`, and the KV caches the sampling filled (module docstring)."""
-        rollouts, parts = self._generate(prompts, params, None)
+        rollouts, parts = self._generate(prompts, params, None, keep_cache=True)
         return rollouts, KeptCache(
             caches=[cache for _, cache, _ in parts],
             widths=[width for _, _, width in parts],
@@ -125,28 +133,42 @@ class HFEngine(RolloutEngine):
         )
 
     def _generate(
-        self, prompts: list[list[int]], params: SamplingParams, on_finished: FinishedFn | None
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        on_finished: FinishedFn | None,
+        keep_cache: bool,
     ) -> tuple[Rollouts, list[tuple[Rollouts, object, int]]]:
         if not prompts:
             raise ValueError("generate() got no prompts")
         parts = [
-            self._generate_batch(prompts[i : i + self.batch_size], params, _shifted(on_finished, i))
+            self._generate_batch(
+                prompts[i : i + self.batch_size], params, _shifted(on_finished, i), keep_cache
+            )
             for i in range(0, len(prompts), self.batch_size)
         ]
         return concat_rollouts([r for r, _, _ in parts], self.pad_id), parts
 
     def _generate_batch(
-        self, prompts: list[list[int]], params: SamplingParams, on_finished: FinishedFn | None
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        on_finished: FinishedFn | None,
+        keep_cache: bool,
     ) -> tuple[Rollouts, object, int]:
         was_training = self.model.training
         self.model.eval()
         try:
-            return self._sample(prompts, params, on_finished)
+            return self._sample(prompts, params, on_finished, keep_cache)
         finally:
             self.model.train(was_training)
 
     def _sample(
-        self, prompts: list[list[int]], params: SamplingParams, on_finished: FinishedFn | None
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        on_finished: FinishedFn | None,
+        keep_cache: bool,
     ) -> tuple[Rollouts, object, int]:
         """(rollouts, the KV cache decoding left behind, the left-padded prompt width)."""
         # Identical prompts (a group's G copies) are prefilled once; row r continues unique
@@ -181,6 +203,7 @@ class HFEngine(RolloutEngine):
                 params,
                 on_finished,
                 matchers=None if self.grammar is None else self.grammar.start(prompts),
+                keep_cache=keep_cache,
             )
         rollouts = to_rollouts(prefix_ids[copy], prefix_mask[copy], decoded, hidden_steps)
         return rollouts, decoded.cache, prefix_ids.shape[1]
@@ -195,16 +218,33 @@ class HFEngine(RolloutEngine):
         params: SamplingParams,
         on_finished: FinishedFn | None = None,
         matchers: RowMatchers | None = None,
+        keep_cache: bool = False,
     ) -> Decoded:
         """Sample from `logits` [n, V] (the prefill's last position) on, one forward per token
         with the KV `cache`, until every row hit EOS or its token `budget` [n]. `mask` is the
         attention mask so far and `pos` [n, 1] each row's last position id; `on_finished`
         (`RolloutEngine.generate`) hears of each row as it samples its EOS; `matchers` (a
-        grammar's per-row state, module docstring) constrain each row's tokens."""
+        grammar's per-row state, module docstring) constrain each row's tokens.
+
+        Rows that ended leave the model's batch once at most `COMPACT_AT` of it still
+        decodes (their KV cache rows dropped), so a batch whose responses end early stops
+        paying for them; `Decoded.cache` is then None. `keep_cache` (the caller reads the
+        cache afterwards: tree forks), hidden-state capture (`params.with_hidden`, one entry
+        per row and step) and `compact_decode=False` keep every row to the end."""
         device = logits.device
         budget = budget.to(device)
         steps = int(budget.max())
         cache = preallocate(cache, steps)
+        n = logits.shape[0]
+        compact = (
+            self.compact_decode
+            and not keep_cache
+            and not params.with_hidden
+            and _compactable(cache)
+        )
+        batch_rows: torch.Tensor | None = (
+            None  # which of the n rows the model still runs; None: all
+        )
         # The attention mask of every step is a prefix of this one: each step attends to
         # one more position (rows past EOS too: their padding outputs are masked later).
         width = mask.shape[1]
@@ -221,7 +261,7 @@ class HFEngine(RolloutEngine):
             if matchers is not None:
                 bits = matchers.allowed_bits(alive.cpu())
                 allowed_steps.append(bits)
-                logits = mask_logits(logits, bits)
+                logits = mask_logits(logits, bits if batch_rows is None else bits[batch_rows.cpu()])
             tok, lp, ent = sample_next(
                 logits,
                 temperature=params.temperature,
@@ -229,6 +269,8 @@ class HFEngine(RolloutEngine):
                 greedy=params.greedy,
                 generator=self.generator,
             )
+            if batch_rows is not None:  # back to all n rows; those out of the batch ended
+                tok, lp, ent = (_scattered(x, batch_rows, n) for x in (tok, lp, ent))
             tok = tok.masked_fill(~alive, self.pad_id)
             if matchers is not None:
                 matchers.accept(tok.cpu(), alive.cpu())
@@ -238,9 +280,9 @@ class HFEngine(RolloutEngine):
             alive_steps.append(alive)
             ended = tok == self.eos_id
             if on_finished is not None and (alive & ended).any():
-                rows = (alive & ended).nonzero().flatten()
+                ended_rows = (alive & ended).nonzero().flatten()
                 for row, ids in zip(
-                    rows.tolist(), torch.stack(tokens, 1)[rows].tolist(), strict=True
+                    ended_rows.tolist(), torch.stack(tokens, 1)[ended_rows].tolist(), strict=True
                 ):
                     on_finished(row, ids)
             finished = finished | (alive & ended)
@@ -248,11 +290,23 @@ class HFEngine(RolloutEngine):
             if not (alive & (step + 1 < budget)).any():
                 break
             pos = pos + 1
+            if compact:
+                # Rows that decode on: alive, with budget left (the others' outputs are
+                # masked anyway). Copying the cache costs about one step, hence the margin.
+                going = alive & (step + 1 < budget)
+                in_batch = going if batch_rows is None else going[batch_rows]
+                if int(in_batch.sum()) <= COMPACT_AT * in_batch.numel():
+                    keep = in_batch.nonzero().flatten()
+                    cache.batch_select_indices(keep)  # type: ignore[attr-defined]
+                    batch_rows = keep if batch_rows is None else batch_rows[keep]
+                    pos, mask = pos[keep], mask[keep]
+                    mask4 = None if mask4 is None else mask4[keep]
+            batch_tok = tok if batch_rows is None else tok[batch_rows]
             if lean is not None:
-                logits = lean(tok, pos, mask4[..., : width + step + 1], cache)
+                logits = lean(batch_tok, pos, mask4[..., : width + step + 1], cache)
                 continue
             out = self.model(
-                input_ids=tok[:, None],
+                input_ids=batch_tok[:, None],
                 attention_mask=mask[:, : width + step + 1],
                 position_ids=pos,
                 use_cache=True,
@@ -266,7 +320,7 @@ class HFEngine(RolloutEngine):
             entropies=torch.stack(ents, 1),
             mask=torch.stack(alive_steps, 1).float(),
             finished=finished,
-            cache=cache,
+            cache=cache if batch_rows is None else None,
             allowed_bits=torch.stack(allowed_steps, 1) if allowed_steps else None,
         )
 
@@ -279,6 +333,24 @@ class HFEngine(RolloutEngine):
         if any(type(layer) is not PreallocatedLayer for layer in layers):
             return None
         return LlamaDecodeStep.of(self.model)
+
+
+# Drop ended rows from the decode batch once at most this share of it still decodes.
+COMPACT_AT = 0.75
+
+
+def _compactable(cache: object) -> bool:
+    """Whether rows can be dropped from `cache` by `batch_select_indices`: layers that keep
+    every position (the preallocated ones `decode` makes, or plain dynamic ones)."""
+    layers = getattr(cache, "layers", None)
+    if DynamicLayer is None or not layers:
+        return False
+    return all(type(layer) in (DynamicLayer, PreallocatedLayer) for layer in layers)
+
+
+def _scattered(x: torch.Tensor, rows: torch.Tensor, n: int) -> torch.Tensor:
+    """`x` [len(rows)] of the batch's rows placed at `rows` of an [n] tensor of zeros."""
+    return x.new_zeros(n).index_copy_(0, rows, x)
 
 
 def _shifted(on_finished: FinishedFn | None, offset: int) -> FinishedFn | None:
