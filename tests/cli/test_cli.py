@@ -1,6 +1,7 @@
 """The `policyopt` command: help, errors, quickstart, compare and bench on tiny budgets."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -50,7 +51,21 @@ def test_quickstart_writes_summary_plot_metrics_checkpoint(tmp_path, monkeypatch
     out = tmp_path / "qs"
     assert main(["quickstart", "--output-dir", str(out), *TINY]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    last = capsys.readouterr().out.strip().splitlines()[-1]
+    printed = capsys.readouterr().out
+    last = printed.strip().splitlines()[-1]
+    # What it is doing before each phase, then its total time (issue 22).
+    phases = re.findall(r"^\[(\d+) min (\d\d) s\] (\S.*?) \.\.\.", printed, re.M)
+    assert [text.split(":")[0].split(" of ")[0] for _, _, text in phases] == [
+        "SFT warm start",
+        "held-out evaluation before RL",
+        "RL",
+        "held-out evaluation after RL",
+    ]
+    assert re.search(r"^total time \d+ min \d\d s \(SFT \d+ min \d\d s, RL ", printed, re.M)
+    # The evaluation table: no per-group style rows, no reward row that repeats accuracy.
+    rows = re.findall(r"^│ (\S+)", printed, re.M)
+    assert "accuracy" in rows and "reward" not in rows
+    assert not [r for r in rows if "/style/" in r]
     before, after = summary["initial_eval"]["eval/reward"], summary["final_eval"]["eval/reward"]
     assert f"mean reward {before:.3f} -> {after:.3f}" in last
     assert 0.0 <= summary["initial_accuracy"] <= 1.0 and 0.0 <= summary["final_accuracy"] <= 1.0

@@ -160,6 +160,32 @@ def test_help_imports_neither_torch_nor_transformers():
     assert out.stdout.split()[-2:] == ["False", "False"]
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "bad.yaml"],
+        ["sft", "--config", "bad.yaml", "--output-dir", "out"],
+        ["quickstart", "grpo", "algorithm.nmae=grpo"],
+    ],
+)
+def test_config_errors_import_neither_torch_nor_transformers(tmp_path, argv):
+    """A mistyped key is reported before the heavy imports (seconds of start-up)."""
+    (tmp_path / "bad.yaml").write_text("algorithm:\n  nmae: grpo\n")
+    code = textwrap.dedent(
+        f"""
+        import sys
+        from policyopt.cli.main import main
+        rc = main({argv!r})
+        print(rc, "torch" in sys.modules, "transformers" in sys.modules)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path
+    )
+    assert "did you mean 'algorithm.name'" in out.stderr
+    assert out.stdout.split()[-3:] == ["2", "False", "False"]
+
+
 def test_indexed_override_of_a_reward_function_weight():
     from policyopt.trainer.config import ConfigError, load_config
 

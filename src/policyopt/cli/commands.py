@@ -47,8 +47,6 @@ def file_config(path: str | None, overrides: list[str]) -> Config:
 
 
 def run_quickstart(args: argparse.Namespace) -> int:
-    from policyopt.recipes.pipeline import run_pipeline
-
     recipe, overrides = split_positional(args.recipe, args.overrides, "grpo")
     out = args.output_dir or f"runs/quickstart-{Path(recipe).stem}"
     config = recipe_config(recipe, overrides, out, args.seed)
@@ -60,6 +58,8 @@ def run_quickstart(args: argparse.Namespace) -> int:
 
     if task_class(config.task.name).pipeline == "dmrl":
         return run_dmrl_quickstart(config, out)
+    from policyopt.recipes.pipeline import run_pipeline  # after the config (run_sft_command)
+
     summary = run_pipeline(config, Console())
     if "final_ndcg@10" in summary:
         print(ranking_line(summary, out))
@@ -116,12 +116,13 @@ def add_sft(sub: argparse._SubParsersAction) -> None:
 
 
 def run_sft_command(args: argparse.Namespace) -> int:
-    from policyopt.recipes.pipeline import fine_tune
-
     config = file_config(args.config, args.overrides)
     if args.print_config:
         print(dump_config(config))
         return 0
+    # After the config is read: its mistakes come back before torch's seconds of import.
+    from policyopt.recipes.pipeline import fine_tune
+
     if config.sft.steps == 0:
         raise ValueError("sft.steps is 0: set it, e.g. sft.steps=1000")
     model, tok, metrics = fine_tune(config)
@@ -165,8 +166,6 @@ def cannot_learn_warning(config: Config) -> str | None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from policyopt.trainer.trainer import Trainer
-
     overrides = list(args.overrides)
     if args.output_dir is not None:
         overrides.append(f"train.output_dir={args.output_dir}")
@@ -174,6 +173,8 @@ def run_train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(dump_config(config))
         return 0
+    from policyopt.trainer.trainer import Trainer  # after the config (run_sft_command)
+
     warning = cannot_learn_warning(config)
     if warning:
         Console(stderr=True).print(warning, markup=False, highlight=False)

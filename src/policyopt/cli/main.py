@@ -39,31 +39,46 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 1
-    if args.command not in ("config-reference",):
-        from transformers.utils import logging as hf_logging
+    # Our own progress bars say what is happening: no Hub or transformers bars (read when
+    # transformers is imported, so importing it here, seconds before a config error, is not
+    # needed). A user's own setting stays.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1":
+        from transformers.utils import logging as hf_logging  # read before: set it directly
 
-        hf_logging.disable_progress_bar()  # our own progress bars say what is happening
+        hf_logging.disable_progress_bar()
     try:
         return int(args.func(args) or 0)
     except Exception as err:
-        from policyopt.rewards.functions import RewardFunctionError
-        from policyopt.trainer.update import NonFiniteUpdateError
-
+        # Only a module that was imported can have raised its errors: looked up, not
+        # imported, so that a config error comes back without torch's import.
+        reward_error = _loaded("policyopt.rewards.functions", "RewardFunctionError")
+        nonfinite_error = _loaded("policyopt.trainer.update", "NonFiniteUpdateError")
         # A user's mistake (a config, a path, a value, a reward function): the message says
         # what and where, in one paragraph; a traceback would only bury it.
         # POLICYOPT_TRACEBACK=1 shows it anyway.
         if os.environ.get("POLICYOPT_TRACEBACK"):
             raise
-        if isinstance(err, NonFiniteUpdateError):
+        if isinstance(err, nonfinite_error):
             print(f"policyopt {args.command}: {err}", file=sys.stderr)
             return 1
-        if not isinstance(err, (*USER_ERRORS, RewardFunctionError)):
+        if not isinstance(err, (*USER_ERRORS, reward_error)):
             raise
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         if isinstance(err, SyntaxError):
             message = f"{err.msg} in {err.filename} line {err.lineno}"
         print(f"policyopt {args.command}: error: {message}", file=sys.stderr)
         return 2
+
+
+class _NotLoaded(Exception):
+    """Stands for an error class whose module was never imported (nothing raised it)."""
+
+
+def _loaded(module: str, name: str) -> type[BaseException]:
+    """The exception class `name` of `module` if that module was imported, else a class
+    that no error is an instance of."""
+    return getattr(sys.modules.get(module), name, _NotLoaded)
 
 
 def build_parser() -> argparse.ArgumentParser:

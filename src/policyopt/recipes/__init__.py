@@ -65,12 +65,19 @@ def recipe_dict(
     return deep_merge(merged, raw)
 
 
+def _presets() -> dict:
+    """The method presets, imported only when a name is not a recipe (the methods import
+    torch: a shipped recipe's config errors come back without it)."""
+    from policyopt.methods import PRESETS
+
+    return PRESETS
+
+
 def recipe_config(
     recipe: str, overrides: list[str], output_dir: str | None, seed: int | None
 ) -> Config:
     """The config of a shipped recipe (or of a method preset over the grpo recipe, for a
     method without one), with the overrides, output directory and seed."""
-    from policyopt.methods import PRESETS
     from policyopt.trainer.config import load_config
 
     extra = list(overrides)
@@ -78,7 +85,7 @@ def recipe_config(
         extra.append(f"train.output_dir={output_dir}")
     if seed is not None:
         extra.append(f"train.seed={seed}")
-    if recipe not in recipe_names() and recipe in PRESETS:
+    if recipe not in recipe_names() and recipe in _presets():
         # A method without a recipe of its own: its preset over the default recipe.
         base = recipe_dict("grpo")
         base["algorithm"] = {"name": recipe}

@@ -155,6 +155,7 @@ def run_pipeline(config: Config, console: Console | None = None) -> dict[str, An
         f"total time {_minutes(summary['wall_seconds'])} (SFT {_minutes(t_sft)}, RL "
         f"{_minutes(rl_seconds)}, evaluation {_minutes(eval_seconds)})",
         highlight=False,
+        soft_wrap=True,
     )
     return summary
 
@@ -165,7 +166,8 @@ def phase_printer(console: Console) -> Any:
 
     def say(text: str) -> None:
         elapsed = _minutes(time.perf_counter() - start)
-        console.print(f"[{elapsed}] {text} ...", markup=False, highlight=False)
+        # soft_wrap: one line per phase in a log file too, not broken at 80 columns
+        console.print(f"[{elapsed}] {text} ...", markup=False, highlight=False, soft_wrap=True)
 
     return say
 
