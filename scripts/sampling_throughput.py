@@ -37,7 +37,7 @@ def main() -> int:
     from policyopt.models.loading import load_model
     from policyopt.rollout.base import ENGINES, SamplingParams
     from policyopt.tasks.base import get_task
-    from policyopt.trainer.rollout_phase import encode_prompts
+    from policyopt.trainer.prompts import encode_prompts
 
     torch.manual_seed(0)
     model, tok = load_model(args.model)

@@ -40,7 +40,7 @@ def wait_policy() -> str:
 def child(model: str, loads: list[int], threads: list[int], reps: int) -> None:
     import torch  # before policyopt, which would otherwise set its own GOMP_SPINCOUNT
 
-    from policyopt.cli.background_load import BackgroundLoad
+    from policyopt.bench.background_load import BackgroundLoad
     from policyopt.trainer.config import SFTConfig, load_config
     from policyopt.trainer.sft import run_sft
     from policyopt.trainer.trainer import Trainer
