@@ -229,7 +229,8 @@ class HFEngine(RolloutEngine):
         Rows that ended leave the model's batch once at most `COMPACT_AT` of it still
         decodes (their KV cache rows dropped), so a batch whose responses end early stops
         paying for them; `Decoded.cache` is then None. `keep_cache` (the caller reads the
-        cache afterwards: tree forks), hidden-state capture (`params.with_hidden`, one entry
+        cache afterwards: `generate_with_cache`, which tree forks start from), hidden-state
+        capture (`params.with_hidden`, one entry
         per row and step) and `compact_decode=False` keep every row to the end."""
         device = logits.device
         budget = budget.to(device)
