@@ -23,23 +23,28 @@ def prompts(tok) -> list[list[int]]:
     ]
 
 
+def assert_matches_full_forward(model, r: Rollouts, temperature: float) -> None:
+    """The rollouts' sampling log-probs and entropies are those a full forward computes."""
+    ref = naive_response_logprobs(
+        model,
+        r.input_ids(),
+        r.attention_mask(),
+        r.response_ids.shape[1],
+        temperature=temperature,
+        with_entropy=True,
+    )
+    m = r.response_mask.bool()
+    assert torch.allclose(r.logp[m], ref.logp[m], atol=1e-5)
+    assert torch.allclose(r.entropies[m], ref.entropies[m], atol=1e-4)
+
+
 def test_sampling_logp_and_entropy_match_full_forward(tiny) -> None:
     model, tok = tiny
     torch.manual_seed(0)
     r = HFEngine(model, tok).generate(
         prompts(tok) * 2, SamplingParams(max_new_tokens=10, temperature=0.7)
     )
-    ref = naive_response_logprobs(
-        model,
-        r.input_ids(),
-        r.attention_mask(),
-        r.response_ids.shape[1],
-        temperature=0.7,
-        with_entropy=True,
-    )
-    m = r.response_mask.bool()
-    assert torch.allclose(r.logp[m], ref.logp[m], atol=1e-5)
-    assert torch.allclose(r.entropies[m], ref.entropies[m], atol=1e-4)
+    assert_matches_full_forward(model, r, temperature=0.7)
     assert r.generated_tokens == int(r.response_mask.sum())
 
 
@@ -265,18 +270,9 @@ def test_sampled_logprobs_after_rows_leave_match_the_full_forward(tiny) -> None:
     finally:
         hook.remove()
     assert min(sizes) < len(p)
-    ref = naive_response_logprobs(
-        model,
-        r.input_ids(),
-        r.attention_mask(),
-        r.response_ids.shape[1],
-        temperature=0.8,
-        with_entropy=True,
-    )
-    m = r.response_mask.bool()
-    assert torch.allclose(r.logp[m], ref.logp[m], atol=1e-5)
-    assert torch.allclose(r.entropies[m], ref.entropies[m], atol=1e-4)
-    assert (r.logp[~m] == 0).all() and (r.response_ids[~m] == tok.pad_token_id).all()
+    assert_matches_full_forward(model, r, temperature=0.8)
+    pad = ~r.response_mask.bool()
+    assert (r.logp[pad] == 0).all() and (r.response_ids[pad] == tok.pad_token_id).all()
 
 
 def test_kept_caches_and_hidden_states_keep_every_row(tiny) -> None:
