@@ -40,8 +40,8 @@ def main() -> int:
     import torch
 
     from policyopt.rollout.base import SamplingParams
-    from policyopt.trainer.config import load_config
-    from policyopt.trainer.trainer import Trainer
+    from policyopt.config.load import load_config
+    from policyopt.train.trainer import Trainer
 
     report: dict = {"argv": sys.argv[1:], "torch": torch.__version__, "checks": {}}
     if args.device.startswith("cuda"):

@@ -8,7 +8,7 @@ TESTS_DIR = Path(__file__).parent
 if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
 
-from policyopt.trainer.config import Config, load_config  # noqa: E402
+from policyopt.config.load import Config, load_config  # noqa: E402
 from run_configs import small_overrides  # noqa: E402
 
 

@@ -45,8 +45,8 @@ def dmrl_tiny_overrides(days: int = 2) -> list[str]:
 
 def sampled_round(trainer, indices: list[int]):  # noqa: ANN201
     """One sampling round of the trainer on training rows `indices`, through the step's own
-    stages: rollout, then score (policyopt.trainer.step)."""
-    from policyopt.trainer.step import Times, rollout, score
+    stages: rollout, then score (policyopt.train.step)."""
+    from policyopt.train.step import Times, rollout, score
 
     times = Times()
     batch = rollout(trainer.parts, trainer.state, indices, 0, times)
@@ -55,13 +55,13 @@ def sampled_round(trainer, indices: list[int]):  # noqa: ANN201
 
 def shaped_round(trainer, indices: list[int]):  # noqa: ANN201
     """`sampled_round`, then the shape stage."""
-    from policyopt.trainer.step import shape
+    from policyopt.train.step import shape
 
     return shape(trainer.parts, trainer.state, sampled_round(trainer, indices))
 
 
 def finished_batch(trainer, indices: list[int]):  # noqa: ANN201
     """`shaped_round`, then the advantage stage (no group filter): what the update takes."""
-    from policyopt.trainer.step import advantage
+    from policyopt.train.step import advantage
 
     return advantage(trainer.parts, trainer.dist, shaped_round(trainer, indices))

@@ -1,9 +1,11 @@
 """The import graph of `policyopt`, built from the source with `ast`: every import counts
 (top level, inside functions, under `if TYPE_CHECKING:`). No module imports itself back
-through others (no cycle), and imports flow down DESIGN.md's layers: cli, bench and recipes ->
-trainer -> methods -> rollout / rewards / tasks / models -> core; within the third layer,
-tasks -> rewards -> rollout -> models. Benchmark code (`policyopt.bench`) is imported by the
-cli only."""
+through others (no cycle), and imports flow down DESIGN.md's layers: cli, bench, pipelines and
+recipes -> envs (the single-method environments) -> train -> config / store -> methods ->
+tasks -> rewards -> rollout -> models -> core. Nothing in the library imports an environment:
+`policyopt.tasks.environments` names them as strings, imported on first use. Benchmark code
+(`policyopt.bench`) is imported by the cli only. The studies (`studies/`, not installed) may
+import anything; nothing imports them."""
 
 from __future__ import annotations
 
@@ -16,17 +18,26 @@ PACKAGE = "policyopt"
 LAYERS = {
     "cli": 0,
     "bench": 0,
+    "pipelines": 0,
     "recipes": 0,
-    "trainer": 1,
-    "methods": 2,
-    "tasks": 3,
-    "rewards": 4,
-    "rollout": 5,
-    "models": 6,
-    "core": 7,
+    "envs": 1,
+    "train": 2,
+    "store": 3,
+    "config": 4,
+    "methods": 5,
+    "tasks": 6,
+    "rewards": 7,
+    "rollout": 8,
+    "models": 9,
+    "core": 10,
 }
-# cli may use recipes and bench; neither uses cli (the same rank, one way).
-SAME_RANK_ORDER = [("cli", "recipes"), ("cli", "bench")]
+# Within rank 0 imports go one way: cli -> pipelines -> recipes, cli -> bench.
+SAME_RANK_ORDER = [
+    ("cli", "recipes"),
+    ("cli", "bench"),
+    ("cli", "pipelines"),
+    ("pipelines", "recipes"),
+]
 # The only packages that may import benchmark code.
 BENCH_USERS = {"cli", "bench"}
 
@@ -149,8 +160,8 @@ def package_cycles(g: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_is_read():
     g = graph()
-    assert "policyopt.trainer.step" in g
-    assert "policyopt.trainer.update" in g["policyopt.trainer.step"]
+    assert "policyopt.train.step" in g
+    assert "policyopt.train.update" in g["policyopt.train.step"]
 
 
 def test_no_module_cycle():
@@ -170,10 +181,13 @@ def test_only_the_cli_imports_bench_code():
 
 
 def test_the_checks_can_fail():
-    g = {"policyopt.core.a": {"policyopt.trainer.b"}, "policyopt.trainer.b": {"policyopt.core.a"}}
-    assert cycles(g) == [["policyopt.core.a", "policyopt.trainer.b"]]
-    assert upward(g) == ["policyopt.core.a -> policyopt.trainer.b"]
-    assert package_cycles(g) == [["core", "trainer"]]
+    g = {"policyopt.core.a": {"policyopt.train.b"}, "policyopt.train.b": {"policyopt.core.a"}}
+    assert cycles(g) == [["policyopt.core.a", "policyopt.train.b"]]
+    assert upward(g) == ["policyopt.core.a -> policyopt.train.b"]
+    assert package_cycles(g) == [["core", "train"]]
+    assert upward({"policyopt.tasks.a": {"policyopt.envs.b"}}) == [
+        "policyopt.tasks.a -> policyopt.envs.b"
+    ]
     g = {"policyopt.models.x": {"policyopt.bench.y"}, "policyopt.cli.z": {"policyopt.bench.y"}}
     g["policyopt.recipes.w"] = {"policyopt.bench.y"}
     assert bench_imports(g) == [

@@ -239,7 +239,7 @@ def test_bench_interleaving_keeps_each_method_s_samples(monkeypatch) -> None:
     samples the same completions alone as next to another method (with one global RNG,
     grpo's draws would follow dr_grpo's and differ)."""
     from policyopt.cli import bench
-    from policyopt.trainer.trainer import Trainer
+    from policyopt.train.trainer import Trainer
 
     settings = {
         "prompts_per_step": 2,
@@ -249,7 +249,7 @@ def test_bench_interleaving_keeps_each_method_s_samples(monkeypatch) -> None:
         "model": "tiny",
         "temperature": 1.0,
     }
-    from policyopt.trainer import step
+    from policyopt.train import step
 
     sampled: dict[str, list[str]] = {}
     shape = step.shape  # each sampling round is shaped (then filtered)

@@ -111,7 +111,7 @@ def test_a_base_cycle_is_an_error(tmp_path, capsys) -> None:
 
 
 def test_a_run_stopped_by_nonfinite_updates_says_why(tmp_path, capsys, monkeypatch) -> None:
-    from policyopt.trainer import update
+    from policyopt.train import update
     from run_configs import small_overrides
 
     original = update.apply_policy_loss

@@ -187,7 +187,7 @@ def test_config_errors_import_neither_torch_nor_transformers(tmp_path, argv):
 
 
 def test_indexed_override_of_a_reward_function_weight():
-    from policyopt.trainer.config import ConfigError, load_config
+    from policyopt.config.load import ConfigError, load_config
 
     listed = "reward.functions=[{name: task}, {name: format, weight: 0.1}]"
     config = load_config(None, [listed, "reward.functions.1.weight=0.5"])

@@ -57,7 +57,7 @@ def test_bad_input_is_named() -> None:
 def test_each_loss_applies_the_weights_at_its_own_level() -> None:
     """Weights computed once at both levels; ppo_clip and gspo-token take the token level,
     gspo (seq) and hispo the sequence level (as verl's losses take rollout_is_weights)."""
-    from policyopt.trainer.trainer import resolve_tis_cap
+    from policyopt.train.trainer import resolve_tis_cap
 
     old = torch.tensor([[0.5, 0.9], [0.2, 0.2]]).log()
     sampler = torch.tensor([[0.25, 0.3], [0.4, 0.1]]).log()

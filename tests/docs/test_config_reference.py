@@ -4,7 +4,7 @@
 from pathlib import Path
 
 from policyopt.cli.config_reference import DEFAULT_PATH, config_reference, field_comments
-from policyopt.trainer.config import OptimConfig
+from policyopt.config.load import OptimConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

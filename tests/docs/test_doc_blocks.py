@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from policyopt.trainer.config import load_config
+from policyopt.config.load import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs" / "guides").glob("*.md"))]

@@ -87,7 +87,7 @@ def _docpo(out: Path) -> list[str]:
 def _dmrl(out: Path) -> list[str]:
     """DRPO on the live DMRL environment with a small LRP trained here (untrained editor:
     its edits do not parse, so the control term alone gives the advantages)."""
-    from policyopt.recipes.dmrl_pipeline import train_and_evaluate_lrp
+    from policyopt.pipelines.dmrl import train_and_evaluate_lrp
 
     options = {
         "seed": 0,
@@ -192,9 +192,9 @@ def weights_fingerprint(model: torch.nn.Module) -> dict[str, list[float]]:
 def run(name: str, out: Path) -> dict[str, Any]:
     """Train golden run `name` under `out`; its weights digest, whether the weights moved,
     and its metrics lines without wall-clock fields."""
+    from policyopt.config.load import load_config
     from policyopt.recipes import recipe_dict
-    from policyopt.trainer.config import load_config
-    from policyopt.trainer.trainer import Trainer
+    from policyopt.train.trainer import Trainer
 
     torch.set_num_threads(1)
     build, base = RUNS[name]

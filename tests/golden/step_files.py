@@ -37,8 +37,8 @@ from run_configs import small_overrides  # noqa: E402
 def _trainer(algo: str) -> Any:
     import torch
 
-    from policyopt.trainer.config import load_config
-    from policyopt.trainer.trainer import Trainer
+    from policyopt.config.load import load_config
+    from policyopt.train.trainer import Trainer
 
     torch.set_num_threads(1)
     out = tempfile.mkdtemp()
@@ -142,7 +142,7 @@ def report(algo: str) -> None:
             print(f"      {f}  ({point})")
     else:
         print("(b) n/a: this version has no Trainer.parts")
-    step = sys.modules.get("policyopt.trainer.step")
+    step = sys.modules.get("policyopt.train.step")
     if step is not None and hasattr(step, "train_step"):
         lines, _ = inspect.getsourcelines(step.train_step)
         print(f"trainer/step.py:train_step is {len(lines)} lines")

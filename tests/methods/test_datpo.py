@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from policyopt.config.load import load_config
 from policyopt.core import ADVANTAGES, compute_advantages
 from policyopt.methods.datpo import adaptive_budget
 from policyopt.methods.datpo.diversity import SiblingDiversity, diversity_coef, sibling_distance
@@ -14,8 +15,7 @@ from policyopt.methods.datpo.tree import siblings, tree_blocks
 from policyopt.recipes import recipe_dict
 from policyopt.rewards.shaping import SHAPERS, ShapingContext
 from policyopt.rollout.base import Rollouts
-from policyopt.trainer.batch import Batch
-from policyopt.trainer.config import load_config
+from policyopt.train.batch import Batch
 
 torch.set_num_threads(1)
 
@@ -231,7 +231,9 @@ def test_shaper_writes_coef_times_sibling_distance_per_token(monkeypatch):
 def test_preset_and_recipe(tmp_path):
     cfg = load_config(overrides=["algorithm.name=datpo"])
     assert cfg.algorithm.advantage == "datpo" and cfg.algorithm.loss == "ppo_clip"
-    assert cfg.algorithm.agg == "seq-mean-token-mean"
+    from policyopt.config.check import loss_settings
+
+    assert loss_settings(cfg)["agg"] == "seq-mean-token-mean"
     assert cfg.rollout.strategy == "datpo_tree"
     assert cfg.rollout.strategy_options == {
         "n_base": 4,

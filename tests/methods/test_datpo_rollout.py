@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from policyopt.config.load import load_config
 from policyopt.methods.datpo.diversity import policy_block_embeddings
 from policyopt.methods.datpo.strategy import datpo_tree
 from policyopt.methods.datpo.tree import tree_blocks
@@ -17,9 +18,8 @@ from policyopt.rewards.shaping import ShapingContext
 from policyopt.rollout.base import Rollouts, SamplingParams
 from policyopt.rollout.hf_engine import HFEngine
 from policyopt.rollout.tree import branches_from_cache, sample_branches
-from policyopt.trainer.batch import Batch
-from policyopt.trainer.config import load_config
-from policyopt.trainer.trainer import Trainer
+from policyopt.train.batch import Batch
+from policyopt.train.trainer import Trainer
 from run_configs import small_overrides
 
 torch.set_num_threads(1)

@@ -15,7 +15,7 @@ from policyopt.methods.docpo import (
     step_aware_gamma,
 )
 from policyopt.rewards.shaping import SHAPERS, ShapingContext
-from policyopt.trainer.batch import Batch
+from policyopt.train.batch import Batch
 
 torch.set_num_threads(1)
 

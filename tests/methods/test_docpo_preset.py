@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from policyopt.config.load import load_config
+from policyopt.envs.docparse.task import MAX_REFERENCE_CHARS
 from policyopt.methods import PRESETS
 from policyopt.methods.docpo import step_aware_gamma
 from policyopt.recipes import recipe_config
-from policyopt.tasks.docparse.task import MAX_REFERENCE_CHARS
-from policyopt.trainer.config import load_config
-from policyopt.trainer.trainer import Trainer
+from policyopt.train.trainer import Trainer
 
 torch.set_num_threads(1)
 
@@ -29,7 +29,10 @@ def test_preset_values():
         0.0,
         "docpo",
     )
-    assert (alg.clip_low, alg.clip_high, alg.dynamic_sampling) == (0.2, 0.2, False)
+    from policyopt.config.check import loss_settings
+
+    s = loss_settings(cfg)
+    assert (s["clip_low"], s["clip_high"], alg.dynamic_sampling) == (0.2, 0.2, False)
     assert cfg.rollout.group_size == 8
     assert [f.name for f in cfg.reward.functions] == ["docparse"]
     assert [s.name for s in cfg.reward.shapers] == ["step_aware_annealing"]

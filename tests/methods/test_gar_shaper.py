@@ -19,7 +19,7 @@ from policyopt.models.loading import load_model
 from policyopt.models.logprobs import naive_response_logprobs, response_logprobs
 from policyopt.rewards.shaping import SHAPERS, ShapingContext
 from policyopt.rollout.base import ENGINES, Rollouts, SamplingParams
-from policyopt.trainer.batch import Batch
+from policyopt.train.batch import Batch
 from run_configs import small_overrides
 
 torch.set_num_threads(1)
@@ -378,10 +378,10 @@ def test_missing_solutions(tiny):
 
 
 def test_preset_recipe_and_composition():
+    from policyopt.config.load import load_config
     from policyopt.methods import PRESETS
     from policyopt.recipes import recipe_dict
-    from policyopt.trainer.config import load_config
-    from policyopt.trainer.parts import needs_hidden
+    from policyopt.train.parts import needs_hidden
 
     grpo = {k: v for k, v in PRESETS.get("grpo")["algorithm"].items() if k != "name"}
     gar = load_config(overrides=["algorithm.name=gar"])
@@ -403,13 +403,13 @@ def _records(path):
 
 
 def small_config(output_dir, *extra, steps):
-    from policyopt.trainer.config import load_config
+    from policyopt.config.load import load_config
 
     return load_config(overrides=[*small_overrides(output_dir, steps), *extra])
 
 
 def test_training_steps_end_to_end(tmp_path):
-    from policyopt.trainer.trainer import Trainer
+    from policyopt.train.trainer import Trainer
 
     # The task's verifier: the untrained model is never correct, so no anchor is formed.
     trainer = Trainer(

@@ -8,14 +8,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from policyopt.config.load import load_config
 from policyopt.methods.hispo import build_segments, ema_forward, hispo_segments, row_quantile
 from policyopt.models.loading import load_model
 from policyopt.models.lora import disabled_adapter
 from policyopt.recipes import recipe_dict
 from policyopt.rollout.base import Rollouts
 from policyopt.rollout.strategies import ROLLOUT_ANNOTATORS
-from policyopt.trainer.config import load_config
-from policyopt.trainer.trainer import Trainer
+from policyopt.train.trainer import Trainer
 from run_configs import small_overrides
 
 torch.set_num_threads(1)
@@ -209,7 +209,10 @@ def test_annotator_segments_rollout_entropies():
 def test_preset_and_recipe():
     cfg = load_config(overrides=["algorithm.name=hispo"])
     alg = cfg.algorithm
-    assert (alg.advantage, alg.loss, alg.clip_low, alg.clip_high) == ("grpo", "hispo", 0.2, 0.2)
+    from policyopt.config.check import loss_settings
+
+    s = loss_settings(cfg)
+    assert (alg.advantage, alg.loss, s["clip_low"], s["clip_high"]) == ("grpo", "hispo", 0.2, 0.2)
     assert [(a.name, a.options) for a in cfg.rollout.annotators] == [("hispo_segments", {})]
     recipe, grpo = load_config(base=recipe_dict("hispo")), load_config(base=recipe_dict("grpo"))
     assert recipe.algorithm.name == "hispo" and recipe.algorithm.loss == "hispo"

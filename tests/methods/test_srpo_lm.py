@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
+from policyopt.config.load import load_config
+from policyopt.pipelines.quickstart import warm_started_policy
 from policyopt.recipes import recipe_dict
-from policyopt.recipes.pipeline import warm_started_policy
 from policyopt.tasks import get_task
-from policyopt.trainer.config import load_config
-from policyopt.trainer.trainer import Trainer
+from policyopt.train.trainer import Trainer
 
 
 def test_rerank_task_rows_and_reward():
@@ -62,7 +62,7 @@ def test_srpo_advantage_trains_the_lm_reranker(tmp_path):
 
 
 def test_rerank_study_parse_metrics_by_hand():
-    from policyopt.recipes.rerank_study import parse_metrics
+    from studies.srpo.rerank_study import parse_metrics
 
     rows = [{"labels": [3.0, 0.0, 2.0, 1.0]}] * 4
     texts = [
@@ -86,7 +86,7 @@ def test_rerank_study_parse_metrics_by_hand():
 
 @pytest.mark.slow
 def test_rerank_study_runs_both_methods_and_resumes(tmp_path):
-    from policyopt.recipes.rerank_study import main
+    from studies.srpo.rerank_study import main
 
     out = tmp_path / "rerank.jsonl"
     args = [

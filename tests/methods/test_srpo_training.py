@@ -7,15 +7,15 @@ import statistics
 import pytest
 import torch
 
+from policyopt.config.load import load_config
 from policyopt.core.rank_distance import kendall_distances
 from policyopt.core.structure import MissingStructureError
 from policyopt.methods.srpo import RankingDistances
 from policyopt.recipes import recipe_dict
 from policyopt.rewards.shaping import ShapingContext
 from policyopt.rollout.base import Rollouts
-from policyopt.trainer.batch import Batch
-from policyopt.trainer.config import load_config
-from policyopt.trainer.trainer import Trainer
+from policyopt.train.batch import Batch
+from policyopt.train.trainer import Trainer
 from run_configs import finished_batch
 
 TASK = "{train_size: 40, eval_size: 20, docs_per_query: 12, num_features: 10}"
@@ -252,9 +252,9 @@ def test_resume_ranking_checkpoint(tmp_path):
 
 
 def test_lm_on_a_learning_to_rank_task_is_a_clear_error(tmp_path):
+    from policyopt.config.load import ModelConfig
     from policyopt.tasks import TASKS
-    from policyopt.trainer.config import ModelConfig
-    from policyopt.trainer.policy import load_policy
+    from policyopt.train.policy import load_policy
 
     task = TASKS.get("ltr_synthetic")(train_size=4, eval_size=2, docs_per_query=5)
     with pytest.raises(ValueError, match="learning-to-rank task for a ranking policy"):

@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from reward_properties import REWARD_SETTINGS, check_reward_function, hostile_text
 
+from policyopt.envs.docparse.reward import docparse_reward_function
 from policyopt.rewards import format_reward, task_reward_function
 from policyopt.tasks import get_task
-from policyopt.tasks.docparse.reward import docparse_reward_function
 
 ARITHMETIC = ["A:", "A:-", "A:23", "=", "+", "-", ". ", "7+12=19", "99999999999999999999", "\n"]
 LATEX = [

@@ -8,17 +8,17 @@ import pytest
 import torch
 
 from policyopt.core.token_bits import pack_token_bits
+from policyopt.envs.ads.skilldoc.document import read_edit
+from policyopt.envs.ads.skilldoc.env import render_prompt
+from policyopt.envs.ads.skilldoc.scripted import START_DOCUMENT, random_document
 from policyopt.models.loading import load_model
 from policyopt.models.logprobs import chunked_head_logprobs, response_logprobs
 from policyopt.rollout.base import SamplingParams, concat_rollouts
 from policyopt.rollout.grammar import mask_logits
 from policyopt.rollout.hf_engine import HFEngine
 from policyopt.rollout.sampling import sample_next
-from policyopt.tasks.skilldoc.document import read_edit
-from policyopt.tasks.skilldoc.env import render_prompt
-from policyopt.tasks.skilldoc.scripted import START_DOCUMENT, random_document
-from policyopt.trainer.distributed import PolicyForward
-from policyopt.trainer.update import allowed_of
+from policyopt.train.distributed import PolicyForward
+from policyopt.train.update import allowed_of
 
 pytest.importorskip("xgrammar")
 

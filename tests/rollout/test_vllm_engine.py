@@ -125,8 +125,8 @@ def test_lora_adapter_synced_as_an_adapter() -> None:
 
 
 def test_grpo_run_with_the_vllm_engine(tmp_path, small_config) -> None:
-    from policyopt.trainer.metrics_log import read_metrics
-    from policyopt.trainer.trainer import Trainer
+    from policyopt.store.metrics_log import read_metrics
+    from policyopt.train.trainer import Trainer
 
     trainer = Trainer(
         small_config(

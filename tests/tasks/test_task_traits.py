@@ -6,8 +6,8 @@ import pytest
 
 import policyopt.tasks  # noqa: F401  (registers the shipped tasks)
 from policyopt.cli.commands import cannot_learn_warning
+from policyopt.config.load import load_config
 from policyopt.tasks.base import TASKS, task_class
-from policyopt.trainer.config import load_config
 
 
 @pytest.mark.parametrize(

@@ -25,8 +25,8 @@ def time_trl(
 
     from policyopt.models.loading import load_model
     from policyopt.rewards.functions import task_reward_function
+    from policyopt.store.checkpoint import rng_state, set_rng_state
     from policyopt.tasks.base import get_task
-    from policyopt.trainer.checkpoint import rng_state, set_rng_state
 
     task = get_task("arithmetic")
     rows = task.rows("train").select(range(4096))

@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 if TYPE_CHECKING:
-    from policyopt.trainer.config import Config
+    from policyopt.config.load import Config
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
@@ -136,7 +136,7 @@ def bench_config(
 ) -> Config:
     """The training config of one arm (`split_arm`) under the bench settings; the arm's own
     overrides come last."""
-    from policyopt.trainer.config import load_config
+    from policyopt.config.load import load_config
 
     preset, own = split_arm(algo)
     return load_config(
@@ -170,8 +170,8 @@ class PolicyoptArms:
     def __init__(
         self, algos: list[str], settings: dict[str, Any], steps: int, overrides: list[str]
     ) -> None:
-        from policyopt.trainer.checkpoint import rng_state
-        from policyopt.trainer.trainer import Trainer
+        from policyopt.store.checkpoint import rng_state
+        from policyopt.train.trainer import Trainer
 
         self.algos = algos
         self.records: dict[str, list[dict[str, float]]] = {a: [] for a in algos}
@@ -186,7 +186,7 @@ class PolicyoptArms:
             self.rng[algo] = rng_state()
 
     def run_round(self, round_: int) -> None:
-        from policyopt.trainer.checkpoint import rng_state, set_rng_state
+        from policyopt.store.checkpoint import rng_state, set_rng_state
 
         order = self.algos if round_ % 2 == 0 else self.algos[::-1]  # ABBA: drift cancels
         for algo in order:
@@ -215,7 +215,7 @@ class PolicyoptArms:
 
 def rank_memory(trainer: Any) -> list[dict[str, float]]:
     """Every rank's parameter, gradient and optimizer MiB (local shards) and peak RSS."""
-    from policyopt.trainer.distributed import local_state_mb
+    from policyopt.train.distributed import local_state_mb
 
     mine = {
         **local_state_mb(trainer.model, trainer.optimizer),

@@ -9,8 +9,8 @@ from typing import Any
 
 from rich.console import Console
 
+from policyopt.config.load import Config, dump_config, load_config
 from policyopt.recipes import recipe_config
-from policyopt.trainer.config import Config, dump_config, load_config
 
 
 def split_positional(
@@ -53,58 +53,11 @@ def run_quickstart(args: argparse.Namespace) -> int:
     if args.print_config:
         print(dump_config(config))
         return 0
-    import policyopt.tasks  # noqa: F401  (registers the shipped tasks)
-    from policyopt.tasks.base import task_class
+    from policyopt.pipelines import run_quickstart  # after the config (run_sft_command)
 
-    if task_class(config.task.name).pipeline == "dmrl":
-        return run_dmrl_quickstart(config, out)
-    from policyopt.recipes.pipeline import run_pipeline  # after the config (run_sft_command)
-
-    summary = run_pipeline(config, Console())
-    if "final_ndcg@10" in summary:
-        print(ranking_line(summary, out))
-        return 0
-    gain = summary["final_accuracy"] - summary["initial_accuracy"]
-    before, after = summary["initial_eval"]["eval/reward"], summary["final_eval"]["eval/reward"]
-    print(
-        f"held-out greedy accuracy {summary['initial_accuracy']:.3f} -> "
-        f"{summary['final_accuracy']:.3f} ({gain:+.3f}), mean reward {before:.3f} -> "
-        f"{after:.3f} ({after - before:+.3f}); summary: {out}/summary.json"
-    )
+    _, headline = run_quickstart(config, Console(), out)
+    print(headline)
     return 0
-
-
-def run_dmrl_quickstart(config, out: str) -> int:  # noqa: ANN001
-    """DMRL's pipeline (LRP, warm start, DRPO, long-term value of the deployed config)."""
-    from policyopt.recipes.dmrl_pipeline import run_dmrl_pipeline
-
-    s = run_dmrl_pipeline(config, Console())
-    print(
-        f"true 7-day value per user of the deployed configuration "
-        f"{s['initial_long_term_value']:.4f} -> {s['final_long_term_value']:.4f} "
-        f"({s['relative_gain'] * 100:+.2f}%); held-out 7-day effect Spearman: LRP "
-        f"{s['lrp_spearman']:.3f}, surrogate index {s['surrogate_spearman']:.3f}; "
-        f"summary: {out}/summary.json"
-    )
-    return 0
-
-
-def ranking_line(summary: dict, out: str) -> str:
-    """Held-out NDCG@10 before/after RL and the references, for a ranking run."""
-    before, after = summary["initial_ndcg@10"], summary["final_ndcg@10"]
-    refs = [
-        f"{name} {summary[key]:.3f}"
-        for name, key in (
-            ("oracle", "oracle_ndcg@10"),
-            ("LambdaRank", "lambdarank_ndcg@10"),
-            ("listwise softmax (full labels)", "listwise_softmax_ndcg@10"),
-        )
-        if summary.get(key) is not None
-    ]
-    return (
-        f"held-out NDCG@10 {before:.3f} -> {after:.3f} ({after - before:+.3f}); "
-        f"{'; '.join(refs)}; summary: {out}/summary.json"
-    )
 
 
 def add_sft(sub: argparse._SubParsersAction) -> None:
@@ -121,7 +74,7 @@ def run_sft_command(args: argparse.Namespace) -> int:
         print(dump_config(config))
         return 0
     # After the config is read: its mistakes come back before torch's seconds of import.
-    from policyopt.recipes.pipeline import fine_tune
+    from policyopt.pipelines.quickstart import fine_tune
 
     if config.sft.steps == 0:
         raise ValueError("sft.steps is 0: set it, e.g. sft.steps=1000")
@@ -173,7 +126,7 @@ def run_train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(dump_config(config))
         return 0
-    from policyopt.trainer.trainer import Trainer  # after the config (run_sft_command)
+    from policyopt.train.trainer import Trainer  # after the config (run_sft_command)
 
     warning = cannot_learn_warning(config)
     if warning:
@@ -193,7 +146,7 @@ def run_train(args: argparse.Namespace) -> int:
 def train_summary(trainer: Any, metrics: dict[str, float]) -> str:
     """What a finished `train` says: steps, the last step's reward and accuracy, where the
     checkpoint and logs are, and how to evaluate it."""
-    from policyopt.trainer.checkpoint import latest_checkpoint
+    from policyopt.store.checkpoint import latest_checkpoint
 
     out = trainer.output_dir
     ckpt = latest_checkpoint(out)
@@ -229,7 +182,7 @@ def resolve_eval_model(name: str) -> tuple[str, Path | None]:
     """(what to load, the config of the run that trained it or None) for `eval --model`: a
     run folder means its latest complete checkpoint; a checkpoint with merged LoRA weights
     means those."""
-    from policyopt.trainer.checkpoint import (
+    from policyopt.store.checkpoint import (
         CONFIG_FILE,
         incomplete_checkpoints,
         latest_checkpoint,
@@ -255,12 +208,12 @@ def resolve_eval_model(name: str) -> tuple[str, Path | None]:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from policyopt.models.loading import load_model
+    import torch
+
     from policyopt.models.threads import apply_num_threads
-    from policyopt.rewards.functions import build_reward_pipeline
-    from policyopt.rollout.base import ENGINES
-    from policyopt.tasks.base import get_task
-    from policyopt.trainer.evaluate import eval_rows, evaluate
+    from policyopt.train.held_out import evaluate_run
+    from policyopt.train.parts import build_parts
+    from policyopt.train.policy import load_policy
 
     model_path, run_config = resolve_eval_model(args.model)
     config_path = args.config
@@ -272,27 +225,26 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.print_config:
         print(dump_config(config))
         return 0
-    model, tok = load_model(config.model.name_or_path, dtype=config.model.dtype)
+    # The same assembly as training: every part checked and bound (engine options, remote
+    # reward workers, a ranking policy for a ranking task), then the run's evaluation.
+    parts = build_parts(config)
+    model, tok = load_policy(config.model, parts.task)
     apply_num_threads(config.train.num_threads, model)
-    task = get_task(config.task.name, **config.task.options)
-    engine = ENGINES.get(config.rollout.engine)(model, tok, batch_size=config.rollout.batch_size)
-    rewards = build_reward_pipeline([(f.name, f.weight) for f in config.reward.functions], task)
+    engine = parts.make_engine(model, tok)
     console.print(f"evaluating {model_path} on {config.task.name} ...")
-    result = evaluate(
-        task=task,
-        rows=eval_rows(task, config.eval.size),
-        tokenizer=tok,
-        engine=engine,
-        max_new_tokens=config.eval.max_new_tokens or config.rollout.max_new_tokens,
-        samples=config.eval.samples if args.samples is None else args.samples,
-        temperature=config.eval.temperature,
-        chat=config.model.chat_template,
-        correct_threshold=config.reward.correct_threshold,
-        console=console,
-        progress=config.train.progress,
-        reward_fn=rewards,
-    )
-    rewards.close()
+    try:
+        with torch.no_grad():
+            result = evaluate_run(
+                parts.evaluation,
+                parts.task,
+                tok,
+                engine,
+                samples=args.samples,
+                console=console,
+                reward_fn=parts.reward,
+            )
+    finally:
+        parts.reward.close()
     text = json.dumps(result, indent=2)
     if args.json_out:
         Path(args.json_out).write_text(text)

@@ -210,7 +210,7 @@ def parse_reach(spec: str) -> tuple[str, float, bool]:
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """The run's training log (a line torn by a kill mid-append is skipped)."""
-    from policyopt.trainer.metrics_log import read_metrics as read_log
+    from policyopt.store.metrics_log import read_metrics as read_log
 
     if not path.exists():
         raise FileNotFoundError(f"--reach needs the run's training log {path}")

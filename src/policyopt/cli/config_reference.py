@@ -1,7 +1,7 @@
 """`policyopt config-reference`: the config reference (docs/reference/config.md), generated.
 
 Written from the code, so it cannot drift: every section and key of the typed config
-(`policyopt.trainer.config`) with its type, default and the comment above it in the source,
+(`policyopt.config.load`) with its type, default and the comment above it in the source,
 then every registered part (advantage estimators, losses, shapers, ...) with its options and
 their defaults, read from the signatures. A test fails when the committed file is stale.
 """
@@ -169,7 +169,7 @@ def preset_section() -> list[str]:
 
 
 def config_reference() -> str:
-    from policyopt.trainer.config import Config
+    from policyopt.config.load import Config
 
     lines = [HEADER, "## Config keys", ""]
     for prefix, model in config_sections(Config):

@@ -8,7 +8,7 @@ import sys
 
 # Nothing heavy at import time (torch, transformers): `policyopt --help` and config
 # errors come back in a fraction of a second; each command imports what it needs.
-from policyopt.trainer.config import ConfigError
+from policyopt.config.load import ConfigError
 
 USER_ERRORS = (
     ConfigError,
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         # Only a module that was imported can have raised its errors: looked up, not
         # imported, so that a config error comes back without torch's import.
         reward_error = _loaded("policyopt.rewards.functions", "RewardFunctionError")
-        nonfinite_error = _loaded("policyopt.trainer.update", "NonFiniteUpdateError")
+        nonfinite_error = _loaded("policyopt.train.update", "NonFiniteUpdateError")
         # A user's mistake (a config, a path, a value, a reward function): the message says
         # what and where, in one paragraph; a traceback would only bury it.
         # POLICYOPT_TRACEBACK=1 shows it anyway.

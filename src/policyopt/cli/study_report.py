@@ -89,7 +89,7 @@ def paired(
 
 
 def step_records(run: Run) -> list[dict[str, Any]]:
-    from policyopt.trainer.metrics_log import read_metrics
+    from policyopt.store.metrics_log import read_metrics
 
     path = run.out / "metrics.jsonl"
     return read_metrics(path) if path.exists() else []

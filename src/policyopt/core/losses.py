@@ -17,7 +17,7 @@ Notation: ρ_{i,t} = π_θ(y_{i,t}) / π_old(y_{i,t}) = exp(logp − old_logp) i
 
 Each loss's keyword defaults (clip_low / clip_high, agg) are its paper's defaults, and the
 only place they live: the trainer's config fills an unset `algorithm.clip_low` etc. from
-them (`policyopt.trainer.parts.resolve_loss_options`).
+them (`policyopt.config.check.loss_settings`).
 
 Each registered loss has the signature `(inputs: LossInputs, **options) -> (loss, metrics)`:
 `LossInputs` carries the log-probs, old and sampling log-probs, advantages, mask (bool),

@@ -3,9 +3,9 @@
 A loss's own defaults (clip range, aggregation) live in its function in
 `policyopt.core.losses`; a preset states only what differs from them or what its paper
 fixes. Its loss options belong to its loss: `algorithm.loss=gspo` on the grpo or dapo preset
-starts from GSPO's own 3e-4 / 4e-4 (`policyopt.trainer.config.drop_replaced_options`; the
+starts from GSPO's own 3e-4 / 4e-4 (`policyopt.config.load.drop_replaced_options`; the
 clip range a preset leaves unset is its loss's own, filled by
-`policyopt.trainer.parts.resolve_loss_options`).
+`policyopt.config.check.loss_settings`).
 """
 
 from policyopt.methods.presets import register_preset

@@ -146,6 +146,22 @@ def hispo_segments(
     return {"segment_ids": ids}
 
 
+def segments_per_response(
+    rollouts: Rollouts, alpha: float = 0.1, quantile: float = 0.6, window: int = 64
+) -> list[int]:
+    """The number of HISPO segments of each response (0 for an empty one)."""
+    ids = build_segments(
+        rollouts.entropies, rollouts.response_mask, alpha=alpha, quantile=quantile, window=window
+    )
+    n_tokens = rollouts.lengths.tolist()
+    return [int(ids[i, : max(n, 1)].max()) + 1 if n else 0 for i, n in enumerate(n_tokens)]
+
+
+# What held-out evaluation reports of the greedy responses for this annotator (with the
+# run's options, else the paper's): `eval/segments_per_response_median`.
+hispo_segments.eval_summary = ("segments_per_response", segments_per_response)
+
+
 # HISPO: GRPO advantages, the segment loss, entropy segments with the paper's α = 0.1,
 # q_H = 0.6, Δ = 64 and L_min = 16 (the loss's default). The paper does not state the clip
 # range ε: the loss's default is GRPO's 0.2 / 0.2 (SPEC section 2). The segment loss has

@@ -9,17 +9,22 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from peft import PeftModel
 from safetensors.torch import save_file
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from policyopt.models.lora import is_peft_model
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+
 
 def base_model(model: nn.Module) -> PreTrainedModel:
     """The Hugging Face model under a PEFT wrapper (or `model` itself)."""
-    return model.get_base_model() if isinstance(model, PeftModel) else model  # type: ignore[return-value]
+    return model.get_base_model() if is_peft_model(model) else model  # type: ignore[return-value]
 
 
 def plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

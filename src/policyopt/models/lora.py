@@ -6,12 +6,24 @@ same model with the adapter disabled (`disabled_adapter`): no second copy in mem
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 from transformers import PreTrainedModel
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+
+
+def is_peft_model(model: object) -> bool:
+    """Whether `model` carries peft adapters, without importing peft: no model is a PeftModel
+    unless peft was imported, and importing it loads torch's compiler stack (sympy among
+    it), which a run without LoRA does not need."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
 
 
 def apply_lora(
@@ -27,7 +39,9 @@ def apply_lora(
     `"all-linear"` targets every linear layer except the LM head; only adapter weights
     remain trainable.
     """
-    if isinstance(model, PeftModel):
+    from peft import LoraConfig, get_peft_model
+
+    if is_peft_model(model):
         raise TypeError("apply_lora: model already has adapters (it is a PeftModel)")
     if rank < 1:
         raise ValueError(f"apply_lora: rank must be >= 1, got {rank}")
@@ -50,7 +64,7 @@ def merge_lora(model: PeftModel) -> PreTrainedModel:
 
     The base model is modified in place; `model` should not be used afterwards.
     """
-    if not isinstance(model, PeftModel):
+    if not is_peft_model(model):
         raise TypeError(f"merge_lora: expected a PeftModel, got {type(model).__name__}")
     return model.merge_and_unload()
 
@@ -58,7 +72,7 @@ def merge_lora(model: PeftModel) -> PreTrainedModel:
 @contextmanager
 def disabled_adapter(model: nn.Module) -> Iterator[nn.Module]:
     """Within the block, `model` computes the base model's outputs (no-op for a plain model)."""
-    if isinstance(model, PeftModel):
+    if is_peft_model(model):
         with model.disable_adapter():
             yield model
     else:

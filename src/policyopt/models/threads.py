@@ -6,7 +6,7 @@ model under `SMALL_MODEL_PARAMETERS` parameters (the embedded 1.1 M-parameter Ll
 matrices are too small to split further. A number is used as given; 0 leaves torch's own
 default (one thread per core).
 
-Chosen by measurement (docs/results.md, "Threads and load (issue 22)", 2 cores): with
+Chosen by measurement (studies/record.md, "Threads and load (issue 22)", 2 cores): with
 torch's default OpenMP wait (libgomp spins 300,000 times before sleeping), two threads on
 cores shared with one or two other CPU-bound jobs made SFT, sampling and the update 3-10x
 slower than one thread, because idle threads spin and fight the other jobs for the cores.

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from policyopt.trainer.schema import Config
+    from policyopt.config.schema import Config
 
 
 def recipe_names() -> list[str]:
@@ -18,7 +18,7 @@ def recipe_names() -> list[str]:
 def recipe_path(name: str, relative_to: Path | None = None) -> Path:
     """A shipped recipe by name, or a path to a YAML file (a relative path is looked up next
     to `relative_to` first, the file that names it as its base)."""
-    from policyopt.trainer.config import ConfigError
+    from policyopt.config.load import ConfigError
 
     if name.endswith((".yaml", ".yml")) or "/" in name:
         path = Path(name)
@@ -41,7 +41,7 @@ def recipe_dict(
     name: str, relative_to: Path | None = None, seen: tuple[Path, ...] = ()
 ) -> dict[str, Any]:
     """A recipe's config as a dict, with its `base:` recipe (if any) merged underneath."""
-    from policyopt.trainer.config import (
+    from policyopt.config.load import (
         ConfigError,
         deep_merge,
         drop_replaced_options,
@@ -78,7 +78,7 @@ def recipe_config(
 ) -> Config:
     """The config of a shipped recipe (or of a method preset over the grpo recipe, for a
     method without one), with the overrides, output directory and seed."""
-    from policyopt.trainer.config import load_config
+    from policyopt.config.load import load_config
 
     extra = list(overrides)
     if output_dir is not None:

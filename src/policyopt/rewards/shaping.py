@@ -17,7 +17,7 @@ How the parts compose. The step's reward of rollout i is
 - A shaper that adds a term instead (DAPO's overlong penalty) returns `rewards` unchanged
   and adds its term with `ctx.add_term(name, values)`; terms add after every transform,
   whatever the order of the shapers (so DocPO's power never sees a negative penalty).
-Group filters look at M' (`policyopt.trainer.step`).
+Group filters look at M' (`policyopt.train.step`).
 
 A shaper with state (DocPO's dispersion controller) is called once per sampling round, so
 possibly several times per training step (dynamic sampling): it must advance its state at

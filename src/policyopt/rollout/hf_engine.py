@@ -4,7 +4,7 @@ One forward per new token for the batch, until every row is done or `max_new_tok
 reached. Rows that reached EOS leave the model's batch (their KV cache rows dropped) once a
 quarter of it has ended (`decode`), so that the short answers of a trained policy do not pay
 for the longest one: on the quickstart's SFT model, 16 x 8 samples of up to 48 tokens,
-sampling took 0.15 s instead of 0.25 s per step (docs/results.md). Where the caller reads
+sampling took 0.15 s instead of 0.25 s per step (studies/record.md). Where the caller reads
 the cache or one hidden state per row and step afterwards, every row stays to the end,
 feeding padding (masked out); `compact_decode=False` does that always.
 

@@ -42,7 +42,7 @@ class Task(ABC):
     # policy of this kind.
     policy: str = "lm"
     # The quickstart pipeline of this task's recipes: "rl" (recipes/pipeline.py: SFT, RL,
-    # held-out evaluation) or "dmrl" (recipes/dmrl_pipeline.py: the long-term predictor,
+    # held-out evaluation) or "dmrl" (pipelines/dmrl.py: the long-term predictor,
     # the editor's warm start, DRPO and the deployments).
     pipeline: str = "rl"
 

@@ -19,8 +19,6 @@ import functools
 import threading
 from typing import Any
 
-from math_verify import parse, verify
-
 from policyopt.rewards.functions import REWARD_FUNCTIONS
 from policyopt.tasks.base import TASKS
 from policyopt.tasks.hf_dataset import HFDatasetTask
@@ -52,6 +50,8 @@ def _timeout(seconds: int) -> int | None:
 
 @functools.lru_cache(maxsize=65536)
 def _parse_gold(gold: str, timeout: int | None) -> list:
+    from math_verify import parse  # here: it loads sympy, which only this task needs
+
     parsed = parse(gold if _BOXED in gold else _BOXED + gold + "}", parsing_timeout=timeout)
     if not parsed:
         raise ValueError(f"math task: cannot parse the gold answer {gold!r}")
@@ -106,6 +106,8 @@ class MathTask(HFDatasetTask):
         content = self.extract_answer(completion)
         if not content:
             return None
+        from math_verify import parse, verify  # here: it loads sympy (see _parse_gold)
+
         timeout = _timeout(self.timeout_seconds)
         predicted = parse(_BOXED + content + "}", parsing_timeout=timeout)
         if not predicted:

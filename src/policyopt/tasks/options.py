@@ -1,7 +1,7 @@
 """Checks of an embedded task's constructor options, one message format for every task.
 
 Each raises ValueError naming the task, the option and the value it got, so a bad
-`task.options` entry in a config fails at load with one line (`policyopt.trainer.parts`
+`task.options` entry in a config fails at load with one line (`policyopt.train.parts`
 builds the task there) instead of deep inside data generation.
 """
 

@@ -7,22 +7,30 @@ b_i = v_i^T v_a (best over the problem's anchors). Among the correct rollouts of
     R_i = 0                               wrong
 
 Auxiliary anchors (a second set of reference solutions, e.g. teacher rollouts) are folded in
-per rollout before the centring, by the `aux_residual` rule of the authors' public code
-(github.com/LQgdwind/GAR, `gar_anchor_aggregation=aux_residual`, `gar_aux_weight=0.5`):
+per rollout before the centring, by one of the rules of the authors' public code
+(github.com/LQgdwind/GAR, gar/online_reward.py `_aggregate_bonus`; `--gar-anchor-aggregation`,
+default `aux_residual`, `--gar-aux-weight` w = 0.5), with b_main, b_aux the best cosines over
+the main and the auxiliary anchors:
 
-    b_i = b_main + w · max(0, b_aux − b_main)     (b_i = b_aux when there is no main anchor)
-
-with b_main, b_aux the best cosines over the main and the auxiliary anchors: an auxiliary
-anchor can only raise b_i, by a fraction w of how much better it aligns.
+    aux_residual   b_i = b_main + w · max(0, b_aux − b_main)   (aux can only raise b_i)
+    aux_max        b_i = max(b_main, w · b_aux)
+    real_only      b_i = b_main
+    any rule       b_i = b_aux when the rollout's problem has no main anchor
 """
 
 from __future__ import annotations
 
 import torch
 
-R_BASE = 1.0  # SPEC §3
-BETA = 0.5  # SPEC §3
-AUX_WEIGHT = 0.5  # authors' code default (gar_aux_weight)
+from policyopt.methods.gar.defaults import (
+    ANCHOR_AGGREGATION,
+    ANCHOR_AGGREGATIONS,
+    AUX_WEIGHT,
+    BETA,
+    R_BASE,
+)
+
+__all__ = ["AUX_WEIGHT", "BETA", "R_BASE", "aggregate_anchors", "gar_rewards"]
 
 
 def gar_rewards(
@@ -52,10 +60,21 @@ def gar_rewards(
 
 
 def aggregate_anchors(
-    main: torch.Tensor, aux: torch.Tensor, weight: float = AUX_WEIGHT
+    main: torch.Tensor,
+    aux: torch.Tensor,
+    weight: float = AUX_WEIGHT,
+    mode: str = ANCHOR_AGGREGATION,
 ) -> torch.Tensor:
-    """`aux_residual`: b_main + w · max(0, b_aux − b_main); NaN marks a missing anchor set
-    (b_aux alone without a main anchor, b_main alone without an auxiliary one)."""
-    combined = main + weight * (aux - main).clamp(min=0.0)
+    """b_i from the best main and auxiliary cosines by rule `mode` (module docstring); NaN
+    marks a missing anchor set (b_aux alone without a main anchor, b_main alone without an
+    auxiliary one)."""
+    if mode == "aux_residual":
+        combined = main + weight * (aux - main).clamp(min=0.0)
+    elif mode == "aux_max":
+        combined = torch.maximum(main, weight * aux)
+    elif mode == "real_only":
+        combined = main
+    else:
+        raise ValueError(f"gar: anchor_aggregation {mode!r} is not one of {ANCHOR_AGGREGATIONS}")
     combined = torch.where(torch.isnan(aux), main, combined)
     return torch.where(torch.isnan(main), aux, combined)

@@ -22,6 +22,19 @@ gets r_base. Every other term adds as configured (`policyopt.rewards.shaping`): 
 weighted reward functions (a format penalty, a length bonus) and additive shapers (DAPO's
 overlong penalty). Only the reasoning span (`span_regex`, see spans.py) enters v, capped to
 its last `max_span_tokens` tokens.
+
+The authors' code (github.com/LQgdwind/GAR; defaults.py, think_format.py) adds, as options:
+- `anchor_aggregation`: how the `aux_column` anchors fold in (rewards.py).
+- `format_tags`: the strict format (think_format.py) is checked on every completion; then
+  `format_gate` makes a malformed rollout fail (M' = 0, no signal computed), and additive terms
+  `gar_format_bonus` (valid: `format_bonus`), `gar_invalid_format` (malformed:
+  `invalid_format_penalty`) and `gar_think_length` (valid: p(n) with `think_penalty` at most,
+  thresholds from the first main anchor's think length) join the reward of every rollout,
+  passing or failing, before the group normalisation.
+- `think_span`: v is taken over the response's THINK tokens only (the whole response when it
+  is not in the strict format), and each anchor is its think part (or all of it when untagged),
+  teacher-forced straight after the prompt without EOS, as in the authors' code.
+The `gar_authors` preset sets all of them to the authors' values (defaults.AUTHORS_OPTIONS).
 """
 
 from __future__ import annotations
@@ -29,19 +42,38 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from policyopt.methods.gar.rewards import AUX_WEIGHT, BETA, R_BASE, aggregate_anchors, gar_rewards
+from policyopt.methods.gar.defaults import (
+    ANCHOR_AGGREGATION,
+    AUX_WEIGHT,
+    BETA,
+    MAX_ANCHORS,
+    MAX_SPAN_TOKENS,
+    R_BASE,
+    THINK_FALLBACK,
+    THINK_HARD_RATIO,
+    THINK_RELATIVE,
+    THINK_TARGET_RANGE,
+    THINK_TARGET_RATIO,
+)
+from policyopt.methods.gar.rewards import aggregate_anchors, gar_rewards
 from policyopt.methods.gar.signal import batched_gradient_signal, output_layer
-from policyopt.methods.gar.spans import span_mask, token_spans
+from policyopt.methods.gar.spans import char_to_token_span, span_mask, token_spans
+from policyopt.methods.gar.think_format import (
+    StrictFormat,
+    anchor_think_text,
+    check_think_options,
+    parse_strict,
+    think_length_penalty,
+    think_thresholds,
+)
 from policyopt.models.logprobs import position_ids_from_mask, trunk_of
 from policyopt.rewards.shaping import SHAPERS, RewardShaper, ShapingContext
 
-MAX_SPAN_TOKENS = 768  # SPEC §3 (paper)
-MAX_ANCHORS = 4  # per anchor set, after de-duplication (authors' code default)
 FORWARD_BATCH = 32  # sequences per teacher-forced no-grad pass
 
 
@@ -71,8 +103,11 @@ def solutions_of(value: Any, limit: int) -> list[str]:
 @SHAPERS.register("gar")
 class GARShaper(RewardShaper):
     """GAR rewards (module docstring). Options: r_base, beta, solution_column, aux_column,
-    aux_weight, max_anchors, chunk_size (tokens per LM-head chunk; None: the trainer's
-    model.logit_chunk_size), max_span_tokens, span_regex."""
+    aux_weight, anchor_aggregation, max_anchors, chunk_size (tokens per LM-head chunk; None:
+    the trainer's model.logit_chunk_size), max_span_tokens, span_regex; the authors' reward
+    post-processing: format_tags, format_gate, format_bonus, invalid_format_penalty,
+    think_span, think_penalty, think_relative, think_target_ratio, think_target_range,
+    think_hard_ratio, think_fallback (off unless format_tags is set; defaults.py)."""
 
     needs_hidden = True  # the engine records rollouts.hidden
 
@@ -87,6 +122,18 @@ class GARShaper(RewardShaper):
         chunk_size: int | None = None,
         max_span_tokens: int = MAX_SPAN_TOKENS,
         span_regex: str | None = None,
+        anchor_aggregation: Literal["aux_residual", "real_only", "aux_max"] = ANCHOR_AGGREGATION,
+        format_tags: list[str] | None = None,
+        format_gate: bool = False,
+        format_bonus: float = 0.0,
+        invalid_format_penalty: float = 0.0,
+        think_span: bool = False,
+        think_penalty: float = 0.0,
+        think_relative: bool = THINK_RELATIVE,
+        think_target_ratio: float = THINK_TARGET_RATIO,
+        think_target_range: tuple[int, int] = THINK_TARGET_RANGE,
+        think_hard_ratio: float = THINK_HARD_RATIO,
+        think_fallback: tuple[int, int] = THINK_FALLBACK,
     ) -> None:
         if beta < 0 or aux_weight < 0:
             raise ValueError(f"gar: beta and aux_weight must be >= 0, got {beta}, {aux_weight}")
@@ -95,25 +142,85 @@ class GARShaper(RewardShaper):
                 "gar: max_anchors, max_span_tokens and chunk_size must be >= 1, got "
                 f"{max_anchors}, {max_span_tokens}, {chunk_size}"
             )
+        aggregate_anchors(torch.zeros(1), torch.zeros(1), aux_weight, anchor_aggregation)
         self.r_base, self.beta = float(r_base), float(beta)
         self.solution_column, self.aux_column = solution_column, aux_column
         self.aux_weight, self.max_anchors = float(aux_weight), int(max_anchors)
+        self.anchor_aggregation = anchor_aggregation
         self.chunk_size, self.max_span_tokens = chunk_size, int(max_span_tokens)
         self.pattern = re.compile(span_regex, re.DOTALL) if span_regex else None
+        self._set_post_processing(
+            format_tags,
+            format_gate,
+            format_bonus,
+            invalid_format_penalty,
+            think_span,
+            think_penalty,
+        )
+        check_think_options(
+            think_penalty, think_target_ratio, think_target_range, think_hard_ratio, think_fallback
+        )
+        self.think_thresholds = {
+            "relative": bool(think_relative),
+            "target_ratio": float(think_target_ratio),
+            "target_range": (int(think_target_range[0]), int(think_target_range[1])),
+            "hard_ratio": float(think_hard_ratio),
+            "fallback": (int(think_fallback[0]), int(think_fallback[1])),
+        }
         self._cache: dict[tuple[tuple[int, ...], str], torch.Tensor] = {}
         self._cache_step: int | None = None
+
+    def _set_post_processing(
+        self,
+        tags: list[str] | None,
+        gate: bool,
+        bonus: float,
+        invalid: float,
+        think_span: bool,
+        think_penalty: float,
+    ) -> None:
+        if tags is None:
+            used = {
+                "format_gate": gate,
+                "format_bonus": bonus,
+                "invalid_format_penalty": invalid,
+                "think_span": think_span,
+                "think_penalty": think_penalty,
+            }
+            named = [k for k, v in used.items() if v]
+            if named:
+                raise ValueError(f"gar: {', '.join(named)} need format_tags (the strict format)")
+        elif len(tags) != 4 or not all(isinstance(t, str) and t for t in tags):
+            raise ValueError(
+                "gar: format_tags must be 4 non-empty strings (think open, think close, answer "
+                f"open, answer close), got {tags!r}"
+            )
+        if think_span and self.pattern is not None:
+            raise ValueError("gar: think_span and span_regex both choose the span; set one")
+        self.format_tags = None if tags is None else tuple(tags)
+        self.format_gate, self.format_bonus = bool(gate), float(bonus)
+        self.invalid_format_penalty = float(invalid)
+        self.think_span, self.think_penalty = bool(think_span), float(think_penalty)
 
     # ------------------------------------------------------------------ the batch
     def __call__(
         self, rewards: torch.Tensor, ctx: ShapingContext
     ) -> tuple[torch.Tensor, dict[str, float]]:
         correct = ctx.correct.bool().cpu()
+        metrics: dict[str, float] = {"gar/anchor_sequences": 0.0}
+        if self.format_tags is not None:
+            parsed = [parse_strict(text, self.format_tags) for text in ctx.completions]
+            valid = torch.tensor([p is not None for p in parsed], dtype=torch.bool)
+            metrics |= self._post_processing(parsed, valid, rewards, ctx)
+            if self.format_gate:  # a malformed rollout fails whatever its verdict
+                metrics["gar/gated_fraction"] = float((correct & ~valid).float().mean())
+                correct = correct & valid
         rows = correct.nonzero().squeeze(-1)
         cosine = torch.full((len(correct),), float("nan"))
-        metrics: dict[str, float] = {"gar/anchor_sequences": 0.0}
         if len(rows):
             with torch.no_grad():  # truncated backprop is closed form: no autograd needed
-                cosine[rows], metrics = self._cosines(rows, ctx)
+                cosine[rows], found = self._cosines(rows, ctx)
+            metrics |= found
         has_anchor = ~torch.isnan(cosine)
         shaped = gar_rewards(
             correct & has_anchor, cosine, ctx.group_ids.cpu(), self.r_base, self.beta
@@ -127,6 +234,59 @@ class GARShaper(RewardShaper):
         metrics["gar/fraction_rewarded"] = float((bonus > 0).float().mean()) if len(bonus) else 0.0
         return shaped.to(rewards.dtype).to(rewards.device), metrics
 
+    # ------------------------------------------------------------------ post-processing
+    def _post_processing(
+        self,
+        parsed: list[StrictFormat | None],
+        valid: torch.Tensor,
+        rewards: torch.Tensor,
+        ctx: ShapingContext,
+    ) -> dict[str, float]:
+        """The authors' additive terms (module docstring), on every rollout."""
+
+        def term(name: str, values: torch.Tensor) -> None:
+            ctx.add_term(name, values.to(rewards.dtype).to(rewards.device))
+
+        metrics = {"gar/format_valid_fraction": float(valid.float().mean())}
+        if self.format_bonus:
+            term("gar_format_bonus", valid.float() * self.format_bonus)
+        if self.invalid_format_penalty:
+            term("gar_invalid_format", (~valid).float() * self.invalid_format_penalty)
+        if self.think_penalty:
+            penalty = self._think_penalties(parsed, ctx)
+            term("gar_think_length", penalty)
+            metrics["gar/think_penalty_mean"] = float(penalty.mean())
+        return metrics
+
+    def _think_penalties(
+        self, parsed: list[StrictFormat | None], ctx: ShapingContext
+    ) -> torch.Tensor:
+        """p(n) [N] for the well-formed rollouts (0 for the others): n = tokens of THINK,
+        thresholds from the think length of the row's first main anchor (think_format.py)."""
+        out = torch.zeros(len(parsed))
+        found = [(i, p.think) for i, p in enumerate(parsed) if p is not None]
+        if not found:
+            return out
+        assert self.format_tags is not None
+        rows = [i for i, _ in found]
+        think = [ctx.completions[i][start:end] for i, (start, end) in found]
+        column = self._column(ctx, self.solution_column, 1)
+        anchors = [
+            anchor_think_text(column[i][0], *self.format_tags[:2]) if column[i] else ""
+            for i in rows
+        ]
+        lengths = self._token_counts(ctx, think + anchors)
+        n, a = lengths[: len(rows)], lengths[len(rows) :]
+        for i, n_i, a_i in zip(rows, n, a, strict=True):
+            hard, target = think_thresholds(a_i, **self.think_thresholds)
+            out[i] = think_length_penalty(n_i, hard, target, self.think_penalty)
+        return out
+
+    def _token_counts(self, ctx: ShapingContext, texts: list[str]) -> list[int]:
+        """Tokens of each text (without special tokens; "" has none): one tokenizer call."""
+        ids = ctx.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        return [len(x) if t else 0 for x, t in zip(ids, texts, strict=True)]
+
     def _cosines(
         self, rows: torch.Tensor, ctx: ShapingContext
     ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -136,11 +296,11 @@ class GARShaper(RewardShaper):
         metrics: dict[str, float] = {}
         weight, bias = output_layer(ctx.model)
         v, fallbacks = self._rollout_signals(rows, ctx, weight, bias)
-        if self.pattern is not None:
+        if self.pattern is not None or self.think_span:
             metrics["gar/span_fallback_fraction"] = fallbacks / len(rows)
-        sets = [self._column(ctx, self.solution_column)]
+        sets = [self._anchors(ctx, self.solution_column)]
         if self.aux_column is not None:
-            sets.append(self._column(ctx, self.aux_column))
+            sets.append(self._anchors(ctx, self.aux_column))
         prompts = self._prompt_ids(rows, ctx)
         texts = [[column[r] for r in rows.tolist()] for column in sets]  # [set][K][anchors]
         wanted = {
@@ -159,13 +319,25 @@ class GARShaper(RewardShaper):
             )
         )
         best = [self._best(v, prompts, column) for column in texts]
-        b = best[0] if len(best) == 1 else aggregate_anchors(best[0], best[1], self.aux_weight)
+        b = best[0]
+        if len(best) == 2:
+            b = aggregate_anchors(best[0], best[1], self.aux_weight, self.anchor_aggregation)
         return b.cpu(), metrics
 
-    def _column(self, ctx: ShapingContext, name: str) -> list[list[str]]:
+    def _column(self, ctx: ShapingContext, name: str, limit: int) -> list[list[str]]:
         if name not in ctx.columns:
             raise KeyError(f"gar: no dataset column {name!r}; the batch has {sorted(ctx.columns)}")
-        return [solutions_of(value, self.max_anchors) for value in ctx.columns[name]]
+        return [solutions_of(value, limit) for value in ctx.columns[name]]
+
+    def _anchors(self, ctx: ShapingContext, name: str) -> list[list[str]]:
+        """Each row's anchor texts in column `name`; with think_span, their think parts
+        (empty ones dropped), as the authors' code compares them."""
+        column = self._column(ctx, name, self.max_anchors)
+        if not self.think_span:
+            return column
+        assert self.format_tags is not None
+        think = [[anchor_think_text(t, *self.format_tags[:2]) for t in ts] for ts in column]
+        return [[t for t in ts if t] for ts in think]
 
     def _best(
         self, v: torch.Tensor, prompts: list[tuple[int, ...]], texts: list[list[str]]
@@ -203,10 +375,32 @@ class GARShaper(RewardShaper):
         self, ids: Callable[[], list[list[int]]], lengths: list[int], ctx: ShapingContext
     ) -> tuple[list[tuple[int, int]], int]:
         """Token spans of sequences of `lengths` (their ids from `ids()`, only read, and
-        decoded, when a span_regex is set) and the number of span fallbacks."""
+        decoded, when a span_regex or think_span is set) and the number of span fallbacks."""
+        if self.think_span:
+            return self._think_spans(ids(), ctx)
         if self.pattern is None:  # the whole sequence, capped to its last max_span_tokens
             return [(max(0, n - self.max_span_tokens), n) for n in lengths], 0
         return token_spans(ids(), self._decode(ctx), self.pattern, self.max_span_tokens)
+
+    def _think_spans(
+        self, token_ids: list[list[int]], ctx: ShapingContext
+    ) -> tuple[list[tuple[int, int]], int]:
+        """The tokens of each response's THINK (the whole response where the decoded text is
+        not in the strict format or THINK is empty), capped to the last max_span_tokens, and
+        the number of such fallbacks."""
+        assert self.format_tags is not None
+        decode, spans, fallbacks = self._decode(ctx), [], 0
+        for ids in token_ids:
+            t0, t1 = 0, len(ids)
+            parsed = parse_strict(decode(ids), self.format_tags)
+            if parsed is None or parsed.think[0] == parsed.think[1]:
+                fallbacks += 1
+            else:
+                t0, t1 = char_to_token_span(
+                    *parsed.think, len(ids), lambda k, ids=ids: len(decode(ids[:k]))
+                )
+            spans.append((max(t0, t1 - self.max_span_tokens), t1))
+        return spans, fallbacks
 
     def _rollout_signals(
         self, rows: torch.Tensor, ctx: ShapingContext, weight: torch.Tensor, bias: Any
@@ -243,12 +437,14 @@ class GARShaper(RewardShaper):
     def _answer_ids(
         self, keys: Sequence[tuple[tuple[int, ...], str]], ctx: ShapingContext
     ) -> list[list[int]]:
-        """Token ids of each key's solution text, + EOS (one batched tokenizer call)."""
+        """Token ids of each key's solution text, + EOS (one batched tokenizer call); with
+        think_span no EOS: the anchor is a think part, teacher-forced alone (authors' code)."""
         if not keys:
             return []
         tok = ctx.tokenizer
         encoded = tok([text for _, text in keys], add_special_tokens=False)["input_ids"]
-        return [ids + [tok.eos_token_id] for ids in encoded]
+        eos = [] if self.think_span else [tok.eos_token_id]
+        return [ids + eos for ids in encoded]
 
     def _sampled_anchors(
         self,
@@ -289,7 +485,11 @@ class GARShaper(RewardShaper):
             return {}
         tok = ctx.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        spans, _ = self._spans(lambda: list(answers), list(map(len, answers)), ctx)
+        lengths = list(map(len, answers))
+        if self.think_span:  # the anchor is already its think part: all of it
+            spans = [(max(0, n - self.max_span_tokens), n) for n in lengths]
+        else:
+            spans, _ = self._spans(lambda: list(answers), lengths, ctx)
         out: dict[tuple[tuple[int, ...], str], torch.Tensor] = {}
         for start in range(0, len(keys), FORWARD_BATCH):
             part = slice(start, start + FORWARD_BATCH)

@@ -1,0 +1,199 @@
+"""The `dmrl_lrp` reward function: an edit's predicted long-term lift over the control.
+
+For the completions (proposed edits) of one call, all from one live `dmrl_skill`
+environment and one day:
+
+1. read each edit (`read_edit`): "ok", "malformed", or "truncated" (no line end: never
+   applied, whatever its prefix would parse as);
+2. apply each distinct well-formed edit; the frozen lower agent sets its configuration;
+3. test all of them in ONE multi-arm experiment against the deployed configuration (one
+   control arm, the same day's traffic, arms stratified by population:
+   `AdPlatform.multi_arm_test`), day-1 signals only;
+4. the frozen LRP predicts each arm's 7-day value per user, per population; with the
+   experiment's population shares w,
+
+       R0        = Σ_p w_p ŷ(control, p)                    the control's predicted value
+       lift_i    = Σ_p w_p ŷ(i, p) / R0 − 1                 candidate i's predicted lift
+       R_i       = R0 · (1 + lift_i)                        well-formed edit
+       R_i       = R0 · (1 − invalid_penalty)               malformed or truncated edit
+
+   so R_i is affine in lift_i with the same R0 for the whole group: DRPO's robust group
+   term and GRPO's z-score rank the candidates by their lifts over one common control, and
+   DRPO's control term (R_i − R0)/|R0| is lift_i itself. A malformed or truncated edit
+   scores as "no change" minus a bounded penalty (the environment's `invalid_penalty`,
+   default 0.01 = 1% of the control's value), never 0 on a scale of ~15;
+5. edit costs C_i (`edit_cost.py`; 0 for an invalid edit).
+
+Returned: rewards R_i, structure `control_rewards` (R0 for every row) and `edit_costs`.
+The LRP's memory bank holds the offline history's matured experiments and, as days pass,
+the environment's deployed experiments once matured (never one from the future: the
+bank's `visible` rule). After scoring, the environment deploys the candidate with the best
+predicted lift if it exceeds its `deploy_margin` (`SkillEnv.deploy`): one day per call.
+
+Each call appends one record to `env.log`: counts by status, the mean predicted lift, and
+(when the environment has evaluation users) the TRUE 7-day lift of the proposals and of as
+many random well-formed edits of the same document (the scripted editor, seeded by the
+day), on the same evaluation users. That is evaluation only; nothing of it enters a reward.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from policyopt.core.structure import produces
+from policyopt.envs.ads.adsim.abtest import POPS, Experiment
+from policyopt.envs.ads.lrp.features import MemoryBank, build_bank, build_samples
+from policyopt.envs.ads.lrp.io import load_lrp
+from policyopt.envs.ads.lrp.model import LRP
+from policyopt.envs.ads.skilldoc.document import Edit, read_edit
+from policyopt.envs.ads.skilldoc.env import LIVE_ENVIRONMENTS, SkillEnv
+from policyopt.envs.ads.skilldoc.scripted import scripted_edit
+from policyopt.methods.dmrl.edit_cost import EditCost
+from policyopt.rewards.functions import REWARD_FUNCTIONS, RewardOutput
+
+
+class Scorer:
+    """The frozen LRP (loaded from `path`) and the edit cost bound to one environment."""
+
+    def __init__(self, path: str, model: LRP, bank: MemoryBank, cost: EditCost) -> None:
+        self.path, self.model, self.bank, self.cost = path, model, bank, cost
+
+    def bank_now(self, env: SkillEnv) -> MemoryBank:
+        """The offline bank plus the environment's deployed experiments (all labelled; the
+        model's visibility mask admits only those matured before a target's start)."""
+        online = build_bank(env.experiments, float(self.model.y_mean), float(self.model.y_std))
+        if len(online) == 0:
+            return self.bank
+        return MemoryBank(
+            torch.cat([self.bank.keys, online.keys]),
+            torch.cat([self.bank.values, online.values]),
+            torch.cat([self.bank.matured_day, online.matured_day]),
+        )
+
+    def pop_values(self, env: SkillEnv, experiments: list[Experiment]) -> np.ndarray:
+        """Predicted 7-day value per user of (control, treatment) per population [E, 2, 4]."""
+        s = build_samples(experiments)
+        y = self.model.predict(s.x_agn, s.x_spe, s.start_day, self.bank_now(env))
+        return y.view(-1, 2, POPS).numpy().astype(float)
+
+    def arm_values(self, env: SkillEnv, experiments: list[Experiment]) -> np.ndarray:
+        """Predicted 7-day value per user of (control, treatment) [E, 2]."""
+        w = np.stack([e.weights() for e in experiments])  # [E, 4]
+        return (self.pop_values(env, experiments) * w[:, None, :]).sum(-1)
+
+
+def scorer_for(env_key: str, env: SkillEnv) -> Scorer:
+    """The environment's scorer, (re)loaded whenever its `lrp_path` is not the one loaded."""
+    path = env.lrp_path
+    if path is None:
+        raise ValueError(
+            f"dmrl_lrp: the dmrl_skill task {env_key} has no trained LRP "
+            "(task.options.lrp_path); `policyopt quickstart dmrl` trains one first"
+        )
+    path = str(Path(path))
+    if env.scorer is None or env.scorer.path != path:
+        model, bank = load_lrp(path)
+        env.scorer = Scorer(path, model, bank, EditCost(env.risk_weights, env.eta))
+    return env.scorer
+
+
+@REWARD_FUNCTIONS.register("dmrl_lrp")
+@produces("control_rewards", "edit_costs")
+def dmrl_lrp_reward(
+    prompts: list[str], completions: list[str], *, env_key: list[str], **columns: Any
+) -> RewardOutput:
+    """Predicted long-term rewards, control rewards and edit costs (module docstring)."""
+    if not completions:
+        return RewardOutput([], {"control_rewards": [], "edit_costs": []})
+    if len(set(env_key)) != 1 or env_key[0] not in LIVE_ENVIRONMENTS:
+        raise ValueError(
+            f"dmrl_lrp: rows must come from one live dmrl_skill task, got {set(env_key)}"
+        )
+    env = LIVE_ENVIRONMENTS[env_key[0]]
+    scorer = scorer_for(env_key[0], env)
+    read = [read_edit(c, env.document) for c in completions]
+    edits: list[Edit | None] = [e for e, _ in read]
+    valid = [i for i, e in enumerate(edits) if e is not None]
+    arm: dict[str, int] = {}  # distinct edit text -> treatment arm (duplicates share one)
+    for i in valid:
+        arm.setdefault(edits[i].text(), len(arm))  # type: ignore[union-attr]
+    by_text = {edits[i].text(): edits[i] for i in valid}  # type: ignore[union-attr]
+    docs = [env.document.apply(by_text[t]) for t in arm]  # type: ignore[arg-type]
+    # No well-formed edit: an A/A arm still gives the control's predicted value.
+    experiments = env.multi_arm_test(docs or [env.document])
+    pv = scorer.pop_values(env, experiments)  # [K, 2, 4]
+    rows = [None if e is None else arm[e.text()] for e in edits]
+    rewards, r0, lifts = lift_rewards(pv, experiments[0].weights(), rows, env.invalid_penalty)
+    pop_lifts = pv[:, 1] / pv[:, 0] - 1.0  # [K, 4]
+    costs = torch.zeros(len(completions))
+    if valid:
+        ve = [edits[i] for i in valid]
+        olds = [env.document.section_text(e.section) for e in ve]  # type: ignore[union-attr]
+        news = [env.document.apply(e).section_text(e.section) for e in ve]  # type: ignore[union-attr,arg-type]
+        secs = [e.section for e in ve]  # type: ignore[union-attr]
+        acts = [e.action for e in ve]  # type: ignore[union-attr]
+        costs[valid] = scorer.cost(secs, acts, olds, news).float()
+    record = day_record(env, read, [float(lifts[arm[edits[i].text()]]) for i in valid])  # type: ignore[union-attr]
+    deployed = False
+    if arm:
+        best = max(arm, key=lambda t: lifts[arm[t]])
+        k = arm[best]
+        pops = tuple(float(x) for x in pop_lifts[k])
+        deployed = env.deploy(by_text[best], float(lifts[k]), k, pops)  # type: ignore[arg-type]
+    else:
+        env.deploy(None, 0.0, 0)
+    record["deployed"] = deployed
+    live = env.platform.live
+    if live is not None and live.records:  # the day the live population just lived
+        day = live.records[-1]
+        record["live"] = {k: day[k] for k in ("value", "churned", "sat", "annoy", "habit")}
+    if env.eval_users is not None:
+        record["deployed_true_value"] = env.true_value(env.document)
+    env.log.append(record)
+    return RewardOutput(
+        rewards,
+        {"control_rewards": torch.full((len(completions),), r0), "edit_costs": costs},
+    )
+
+
+def lift_rewards(
+    pop_values: np.ndarray, weights: np.ndarray, rows: list[int | None], penalty: float
+) -> tuple[list[float | None], float, np.ndarray]:
+    """(R per row, R0, lift per arm [K]) from predicted values per (arm, control/treatment,
+    population) [K, 2, 4], population shares [4], and each row's arm (None: invalid edit).
+    The control is one arm: its value is taken from the first experiment."""
+    r0 = float(pop_values[0, 0] @ weights)
+    lifts = pop_values[:, 1] @ weights / r0 - 1.0
+    rewards: list[float | None] = [
+        r0 * (1.0 - penalty) if k is None else r0 * (1.0 + float(lifts[k])) for k in rows
+    ]
+    return rewards, r0, lifts
+
+
+def day_record(
+    env: SkillEnv, read: list[tuple[Edit | None, str]], pred: list[float]
+) -> dict[str, Any]:
+    """The day's record for `env.log` (module docstring), before deployment."""
+    statuses = [s for _, s in read]
+    rec: dict[str, Any] = {
+        "day": env.day,
+        "proposals": len(read),
+        **{s: statuses.count(s) for s in ("ok", "malformed", "truncated")},
+        "predicted_lift": float(np.mean(pred)) if pred else float("nan"),
+    }
+    if env.eval_users is None:
+        return rec
+    base = env.true_value(env.document)
+
+    def true_lift(edit: Edit | None) -> float:  # an invalid edit changes nothing
+        return 0.0 if edit is None else env.true_value(env.document.apply(edit)) / base - 1.0
+
+    rec["true_lift"] = float(np.mean([true_lift(e) for e, _ in read]))
+    rng = np.random.default_rng([env.platform.seed, 7, env.day])
+    randoms = [scripted_edit(env.document, rng) for _ in range(len(read))]
+    rec["random_true_lift"] = float(np.mean([true_lift(e) for e in randoms]))
+    return rec

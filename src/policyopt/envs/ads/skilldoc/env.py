@@ -1,0 +1,190 @@
+"""The live skill-document environment DMRL's editor acts in.
+
+State: the deployed document (the best so far), the configuration the frozen lower agent
+derives from it (the A/B tests' control), the day, and the recent A/B outcomes the editor
+sees in its prompt. One training step is one day: the G candidate edits of each prompt are
+A/B-tested against the deployed configuration (day-1 signals only), the reward function
+scores them, and `deploy` makes the candidate with the best predicted long-term lift the new
+control if that lift exceeds `deploy_margin` (0.5%). The deployed experiment's true 7-day label is computed
+(it matures `HORIZON` days later, when it may enter the LRP's memory bank).
+
+In the live world the platform's live population lives each day under the configuration
+deployed that day (`AdPlatform.advance`, at the end of `deploy`), so tomorrow's A/B tests
+draw users that carry what was deployed before. The platform must be at day `first_day`
+when the environment starts (`history.burn_in`); a resumed environment replays its days.
+
+Environments are kept in `LIVE_ENVIRONMENTS` under a key that the task's rows carry (column
+`env_key`, a fresh uuid per task: two runs in one process never share one), so that a reward
+function, which receives columns only, finds the one its prompts came from. The registry
+holds environments weakly: an environment leaves it when its task is freed.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from policyopt.envs.ads.adsim.abtest import AdPlatform, Experiment
+from policyopt.envs.ads.adsim.params import AdParams
+from policyopt.envs.ads.adsim.world import Users
+from policyopt.envs.ads.skilldoc.document import Edit, SkillDocument, parse_document
+from policyopt.envs.ads.skilldoc.rule_agent import LowerAgent, RuleAgent
+from policyopt.envs.ads.skilldoc.scripted import START_DOCUMENT
+
+LIVE_ENVIRONMENTS: weakref.WeakValueDictionary[str, SkillEnv] = weakref.WeakValueDictionary()
+ONLINE_ID_BASE = 1_000_000  # experiment ids of online A/B tests (offline history below)
+
+
+@dataclass
+class Outcome:
+    edit: str
+    lift: float  # predicted long-term lift, relative (0.01 = +1%)
+    # predicted lift per population (POPULATIONS order); empty when not known
+    pop_lifts: tuple[float, ...] = ()
+
+    def line(self) -> str:
+        pops = " ".join(f"{x * 100:+.1f}" for x in self.pop_lifts)
+        return f"{self.lift * 100:+.1f}% {self.edit}" + (f" | pop {pops}" if pops else "")
+
+
+@dataclass(eq=False)
+class SkillEnv:
+    platform: AdPlatform
+    document: SkillDocument = START_DOCUMENT
+    agent: LowerAgent = field(default_factory=RuleAgent)
+    day: int = 0  # the online day; experiments start on `first_day + day`
+    first_day: int = 0  # the day after the offline history ends
+    recent: list[Outcome] = field(default_factory=list)
+    recent_k: int = 2
+    experiments: list[Experiment] = field(default_factory=list)  # deployed, with labels
+    deployed_days: list[int] = field(default_factory=list)
+    # Each deployment as (day, candidate index, document before, document after): enough to
+    # recompute `experiments` on resume (an A/B test is a function of its id and configs).
+    deployments: list[tuple[int, int, str, str]] = field(default_factory=list)
+    # What the reward function needs to score edits (set by the task from its options).
+    lrp_path: str | None = None
+    risk_weights: dict[str, dict[str, float]] = field(default_factory=dict)
+    eta: float = 0.5
+    # Deploy only a predicted lift above this: the best of G noisy predictions overstates
+    # its lift (winner's curse); a margin keeps the control from drifting on noise.
+    deploy_margin: float = 0.005
+    # Lift a malformed or truncated edit scores: "no change" minus this (reward.py).
+    invalid_penalty: float = 0.01
+    # The platform's fixed evaluation users (true values; evaluation and logging only).
+    eval_users: Users | None = None
+    # One record per day of what the editor proposed (reward.py): counts by status and,
+    # when eval users are set, the proposals' true 7-day lifts over the deployed document.
+    log: list[dict[str, Any]] = field(default_factory=list)
+    scorer: Any = field(default=None, repr=False)  # the reward's LRP, bound by lrp_path
+    _values: dict[tuple[float, ...], float] = field(default_factory=dict, repr=False)
+
+    @property
+    def control(self) -> AdParams:
+        return self.agent(self.document)
+
+    @property
+    def start_day(self) -> int:
+        return self.first_day + self.day
+
+    def prompt(self) -> str:
+        return render_prompt(self.document, self.recent)
+
+    def true_value(self, doc: SkillDocument) -> float:
+        """True 7-day value per user of `doc`'s configuration on the evaluation users."""
+        if self.eval_users is None:
+            raise ValueError("SkillEnv.true_value: the environment has no evaluation users")
+        params = self.agent(doc)
+        key = tuple(params.as_dict().values())
+        if key not in self._values:
+            self._values[key] = self.platform.value(params, self.eval_users)
+        return self._values[key]
+
+    def multi_arm_test(self, candidates: list[SkillDocument]) -> list[Experiment]:
+        """Today's candidates in one multi-arm test against the deployed configuration
+        (one control arm, the same users' traffic; `AdPlatform.multi_arm_test`)."""
+        return self.platform.multi_arm_test(
+            ONLINE_ID_BASE + 1000 * self.day,
+            self.start_day,
+            self.control,
+            [self.agent(c) for c in candidates],
+        )
+
+    def ab_test(self, candidate: SkillDocument, index: int, truth: bool = False) -> Experiment:
+        """A/B test of `candidate`'s configuration against the deployed one, today."""
+        return self.platform.ab_test(
+            ONLINE_ID_BASE + 1000 * self.day + index,
+            self.start_day,
+            self.control,
+            self.agent(candidate),
+            truth=truth,
+        )
+
+    def deploy(
+        self, edit: Edit | None, lift: float, index: int, pop_lifts: tuple[float, ...] = ()
+    ) -> bool:
+        """End the day: deploy `edit` if its predicted lift exceeds `deploy_margin`; True if
+        deployed."""
+        deployed = edit is not None and lift > self.deploy_margin
+        new = self.document
+        if deployed:
+            assert edit is not None
+            new = self.document.apply(edit)
+            self.deployments.append((self.day, index, self.document.render(), new.render()))
+            # the accepted experiment, re-run with its true label for the memory bank
+            self.experiments.append(self.ab_test(new, index, truth=True))
+            self.deployed_days.append(self.day)
+        if edit is not None:
+            self.recent = [*self.recent, Outcome(edit.text(), lift, pop_lifts)][-self.recent_k :]
+        self.end_day(new)
+        return deployed
+
+    def end_day(self, tomorrow: SkillDocument) -> None:
+        """Today was lived under the deployed document; `tomorrow` is deployed next."""
+        self.platform.advance(self.control)
+        self.document = tomorrow
+        self.day += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain data (checkpoints load with `weights_only=True`): documents as text, the
+        deployed experiments as the deployments that recompute them."""
+        return {
+            "document": self.document.render(),
+            "day": self.day,
+            "recent": [[o.edit, o.lift, list(o.pop_lifts)] for o in self.recent],
+            "deployments": [list(d) for d in self.deployments],
+            "log": self.log,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replay the saved days on this (fresh) environment: each deployed A/B test re-run
+        on its day with that day's control, and in the live world every day lived."""
+        if self.day != 0 or self.platform.day not in (None, self.first_day):
+            raise ValueError("SkillEnv.load_state_dict: the environment must be fresh (day 0)")
+        self.experiments, self.deployed_days, self.deployments = [], [], []
+        deployments = {int(d[0]): d for d in state["deployments"]}
+        first = state["deployments"][0][2] if state["deployments"] else state["document"]
+        self.document = parse_document(first)
+        while self.day < int(state["day"]):
+            if self.day not in deployments:
+                self.end_day(self.document)
+                continue
+            day, index, before, after = deployments[self.day]
+            self.document, new = parse_document(before), parse_document(after)
+            self.experiments.append(self.ab_test(new, int(index), truth=True))
+            self.deployed_days.append(int(day))
+            self.deployments.append((int(day), int(index), before, after))
+            self.end_day(new)
+        self.document = parse_document(state["document"])
+        self.log = list(state.get("log", []))
+        self.recent = [
+            Outcome(str(r[0]), float(r[1]), tuple(float(x) for x in (r[2] if len(r) > 2 else ())))
+            for r in state["recent"]
+        ]
+
+
+def render_prompt(doc: SkillDocument, recent: list[Outcome]) -> str:
+    lines = [doc.render(), "recent:"]
+    lines += [o.line() for o in recent] or ["none"]
+    lines.append("edit:")
+    return "\n".join(lines) + "\n"
