@@ -2,7 +2,7 @@
 lift minus that of the paired random edits, averaged over each block of days, then mean ±
 95% t over seeds; the last column is the run's second half.
 
-    python studies/dmrl/data/blocks.py --study studies/dmrl/data/editor120 --block 20
+    python studies/dmrl/blocks.py --study studies/dmrl/data/editor120 --block 20
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from studies.dmrl.editor_study import days as day_records
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--study", default=str(Path(__file__).parent / "editor120"))
+    p.add_argument("--study", default=str(Path(__file__).parent / "data" / "editor120"))
     p.add_argument("--block", type=int, default=20, help="days per block")
     args = p.parse_args()
     study = Path(args.study)

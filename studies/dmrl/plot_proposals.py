@@ -2,7 +2,7 @@
 that of random well-formed edits from the same state (10-step running mean), and the
 deployed configuration's true value relative to the start; mean over seeds, 95% t band.
 
-    python studies/dmrl/data/plot_proposals.py [--study studies/dmrl/data/editor] [--out FIG]
+    python studies/dmrl/plot_proposals.py [--study studies/dmrl/data/editor] [--out FIG]
 
 Reads `<arm>/seed<S>/dmrl_days.jsonl` and `summary.json` (what
 `python -m studies.dmrl.editor_study` writes); writes `proposals.png` beside them.
@@ -44,7 +44,7 @@ def band(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--study", default=str(Path(__file__).parent / "editor"))
+    p.add_argument("--study", default=str(Path(__file__).parent / "data" / "editor"))
     p.add_argument("--out", default=None, help="the figure (default: proposals.png beside --study)")
     args = p.parse_args()
     study = Path(args.study)

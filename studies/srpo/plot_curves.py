@@ -4,7 +4,7 @@ One panel per setting (clicks, diversity, MSLR on- and off-policy) against queri
 against rankings sampled, for G = 8 and G = 64, SRPO / GRPO / PG-Rank. Reads the study's
 JSONL files (curve rows: step, queries seen, rankings sampled, NDCG@10).
 
-    python studies/srpo/data/plot_curves.py   # writes studies/srpo/data/curves.png
+    python studies/srpo/plot_curves.py   # writes studies/srpo/data/curves.png
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parent / "data"  # the study's JSONL; the figure beside them
 SETTINGS = ("clicks", "diversity", "mslr", "mslr_off")
 T95 = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78}  # Student t, n seeds (n − 1 df)
 COLORS = {"srpo": "tab:red", "grpo": "tab:blue", "pgrank": "tab:green"}

@@ -1,4 +1,4 @@
-"""Decode attention alone (issue 22, session 36): transformers' SDPA path against a plain
+"""Decode attention alone (issue 22): transformers' SDPA path against a plain
 matmul-softmax-matmul over grouped query heads, q length 1, bool padding mask, KV views of a
 preallocated cache; one thread.
 

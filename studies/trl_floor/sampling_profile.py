@@ -1,4 +1,4 @@
-"""Profile of sampling (issue 22, session 36): `HFEngine.generate` on the embedded model,
+"""Profile of sampling (issue 22): `HFEngine.generate` on the embedded model,
 128 rows (8 prompts x 16) of 12 prompt tokens, 48 new tokens, one thread.
 
     python studies/trl_floor/sampling_profile.py

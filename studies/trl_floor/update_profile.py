@@ -1,4 +1,4 @@
-"""Profile of the training forward + backward of the log-probs (issue 22, session 36):
+"""Profile of the training forward + backward of the log-probs (issue 22):
 the embedded model, 128 rows (8 prompts x 16) of 12 prompt + 48 response tokens, one thread.
 
     python studies/trl_floor/update_profile.py

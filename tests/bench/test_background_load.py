@@ -39,6 +39,7 @@ def test_stopped_on_keyboard_interrupt():
     assert not any(alive(p) for p in pids)
 
 
+@pytest.mark.slow
 def test_a_burner_exits_when_its_starter_is_killed():
     code = (
         "import os, signal, sys, time; from policyopt.bench.background_load import BackgroundLoad;"

@@ -6,6 +6,7 @@ import pytest
 from policyopt.bench.head_memory import head_memory_benchmark
 
 
+@pytest.mark.slow
 def test_head_memory_benchmark_runs_and_chunked_uses_less() -> None:
     result = head_memory_benchmark(vocab=8192, hidden=64, batch=4, length=256, chunk_size=128)
     assert result["logits_mib"] == pytest.approx(4 * 256 * 8192 * 4 / 2**20)

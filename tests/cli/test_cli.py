@@ -46,6 +46,7 @@ def test_print_config_shows_resolved_preset(capsys) -> None:
     assert "clip_high: 0.28" in out and "dynamic_sampling: true" in out
 
 
+@pytest.mark.slow
 def test_quickstart_writes_summary_plot_metrics_checkpoint(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("POLICYOPT_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "qs"
@@ -77,6 +78,7 @@ def test_quickstart_writes_summary_plot_metrics_checkpoint(tmp_path, monkeypatch
     assert len(cached) == 1 and (cached[0] / "model.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_compare_table_over_seeds(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("POLICYOPT_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "cmp"
@@ -210,6 +212,7 @@ def test_bench_arms_carry_their_own_overrides() -> None:
     assert arm.algorithm.group_filter == "docpo"
 
 
+@pytest.mark.slow
 def test_bench_from_a_saved_model_dir(tmp_path) -> None:
     """`--model DIR` starts every method from a saved model (here the tiny one, saved as an
     SFT or training checkpoint would be); the report says how many rollouts were correct."""
@@ -234,6 +237,7 @@ def test_bench_from_a_saved_model_dir(tmp_path) -> None:
     assert report["step_time_ratio_to_grpo"]["grpo"] == 1.0
 
 
+@pytest.mark.slow
 def test_bench_interleaving_keeps_each_method_s_samples(monkeypatch) -> None:
     """Steps run round-robin across methods, each trainer with its own RNG state: a method
     samples the same completions alone as next to another method (with one global RNG,
@@ -317,6 +321,7 @@ def test_sft_then_eval(tmp_path, capsys) -> None:
     assert result["eval/pass@2"] >= result["eval/pass@1"]
 
 
+@pytest.mark.slow
 def test_bench_against_trl(tmp_path) -> None:
     pytest.importorskip("trl")
     out = tmp_path / "bench.json"
@@ -344,6 +349,7 @@ def test_bench_against_trl(tmp_path) -> None:
     assert ratio == pytest.approx(report["step_time_s"]["grpo"] / report["step_time_s"]["trl"])
 
 
+@pytest.mark.slow
 def test_bench_against_trl_interleaves_and_keeps_each_rng(tmp_path) -> None:
     """TRL's steps and the methods' rounds alternate in one process; each keeps its own RNG
     stream, so a method samples the same rollouts as in a bench without TRL."""

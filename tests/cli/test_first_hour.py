@@ -37,6 +37,7 @@ def train_argv(tmp_path, *extra):
     return ["train", *small_overrides(tmp_path / "run", steps=1), *extra]
 
 
+@pytest.mark.slow
 def test_reward_module_in_the_working_folder_imports_without_pythonpath(tmp_path):
     """`policyopt train my_config.yaml` with my_rewards.py beside it, as the README has it:
     the console script does not put the working folder on sys.path; main does."""

@@ -102,6 +102,7 @@ def count_in_process_runs(monkeypatch) -> list[Run]:
     return started
 
 
+@pytest.mark.slow
 def test_study_resumes_without_rerunning_finished_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("POLICYOPT_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "study"
@@ -128,6 +129,7 @@ def test_study_resumes_without_rerunning_finished_runs(tmp_path, monkeypatch):
     assert (out / "curves.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_from_its_checkpoint(tmp_path):
     env = {**os.environ, "POLICYOPT_CACHE": str(tmp_path / "cache")}
     env["PYTHONPATH"] = str(Path(__file__).parents[2] / "src")
@@ -159,6 +161,7 @@ def test_a_killed_run_resumes_from_its_checkpoint(tmp_path):
     assert steps == sorted(set(steps)) and steps[-1] == 40
 
 
+@pytest.mark.slow
 def test_ray_path_on_a_local_cluster(tmp_path, monkeypatch):
     pytest.importorskip("ray")
     monkeypatch.setenv("POLICYOPT_CACHE", str(tmp_path / "cache"))

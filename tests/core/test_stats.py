@@ -32,6 +32,7 @@ def test_one_value_has_no_interval_and_none_is_an_error():
         mean_ci([])
 
 
+@pytest.mark.slow
 def test_stats_import_without_torch_and_the_core_api_keeps_its_registries():
     # cli tables import core.stats at module level: `policyopt --help` must stay torch-free,
     # so the core package's own imports are lazy. Its public names still resolve, with the

@@ -130,6 +130,7 @@ def _logical_lines(text: str) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", ALL, ids=[b.id for b in ALL])
 def test_doc_block_runs(
     block: Block,

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from policyopt.core.registry import MissingExtraError, Registry
+from policyopt.core.registry import _ALL, MissingExtraError, Registry
+from policyopt.core.structure import registered_producers
 
 ENV_PACKAGES = [
     "lxml",
@@ -70,12 +71,20 @@ def test_a_task_without_its_extra_is_one_line_naming_it(tmp_path):
     assert not (tmp_path / "out").exists()  # refused before the run folder is made
 
 
-def test_lazy_registry_entry():
+@pytest.fixture
+def registry():
     reg: Registry[object] = Registry("thing")
-    reg.lazy("json_thing", "json", "jsonx")  # importing json registers nothing
-    assert "json_thing" in reg and reg.names() == ["json_thing"] and reg.loaded() == []
+    yield reg
+    _ALL.remove(reg)  # registries live for the process: leave none behind for other tests
+
+
+def test_lazy_registry_entry(registry):
+    registry.lazy("json_thing", "json", "jsonx")  # importing json registers nothing
+    assert "json_thing" in registry and registry.names() == ["json_thing"]
+    assert registry.loaded() == []
     with pytest.raises(KeyError, match="did not register it"):
-        reg.get("json_thing")
-    reg.lazy("gone", "policyopt_no_such_module_xyz", "gone")
+        registry.get("json_thing")
+    registry.lazy("gone", "policyopt_no_such_module_xyz", "gone")
     with pytest.raises(MissingExtraError, match=r"pip install 'policyopt\[gone\]'"):
-        reg.get("gone")
+        registry.get("gone")
+    assert registered_producers("anything") == []  # never imports a lazy entry to answer

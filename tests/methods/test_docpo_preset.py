@@ -89,6 +89,7 @@ def records(tmp_path: Path) -> list[dict]:
     return [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_two_steps_log_per_type_metrics_and_gamma_follows_the_step(tmp_path):
     # Without the group filter every type of the sampled rows reaches the shaper.
     trainer = docpo_run(tmp_path, "algorithm.group_filter=null")

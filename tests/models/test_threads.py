@@ -39,6 +39,7 @@ def test_a_number_is_the_override_and_zero_is_torch_default():
             resolve_num_threads(bad, 1_000, cores=2)
 
 
+@pytest.mark.slow
 def test_available_cores_is_the_affinity_not_the_machine():
     assert available_cores() == len(os.sched_getaffinity(0))
     # One allowed core: auto gives one thread even where the machine has more.
@@ -62,6 +63,7 @@ def test_apply_sets_torch_threads():
         torch.set_num_threads(before)
 
 
+@pytest.mark.slow
 def test_policyopt_shortens_the_openmp_spin_unless_the_user_chose():
     code = "import os, policyopt; print(os.environ.get('GOMP_SPINCOUNT'))"
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}

@@ -7,6 +7,7 @@ from policyopt.recipes import recipe_dict, recipe_names
 from policyopt.tasks.base import get_task
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", recipe_names())
 def test_every_shipped_recipe_loads_and_builds_its_task(name: str) -> None:
     config = load_config(None, [], base=recipe_dict(name))

@@ -234,6 +234,7 @@ def test_docparse_text_reward_properties(docparse_rows, docparse_rewards, comple
     )
 
 
+@pytest.mark.slow
 @REWARD_SETTINGS
 @given(completions=batches(hostile_text(HTML + LATEX)), which=st.integers(0, 100))
 def test_docparse_task_verifier_properties(docparse_rows, completions, which):

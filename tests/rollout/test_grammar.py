@@ -69,6 +69,7 @@ def test_mask_keeps_the_allowed_tokens_relative_probabilities() -> None:
         assert abs(float((tok == token).float().mean()) - p) < 4 * math.sqrt(p * (1 - p) / 2000)
 
 
+@pytest.mark.slow
 def test_constrained_samples_are_well_formed_edits(tiny) -> None:
     """An untrained model writes garbage; under the grammar every sample is an ok edit."""
     model, tok = tiny

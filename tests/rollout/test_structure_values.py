@@ -21,15 +21,14 @@ def rollouts(n: int, width: int, **structure: torch.Tensor) -> Rollouts:
 
 def with_structure(n: int, width: int, start: int) -> Rollouts:
     """R = N = 3 for the first part, so that shape alone cannot tell [N, R] from [N, N]."""
-    r = rollouts(n, width)
-    r.add_structure(
+    r = rollouts(n, width).with_structure(
         {
             "per_rollout": torch.arange(start, start + n).float(),
             "per_token": torch.arange(n * width).reshape(n, width) + 100 * start,
         }
     )
-    r.add_structure({"pair": torch.arange(n * n).reshape(n, n).float() + 10 * start}, pairwise=True)
-    return r
+    pair = torch.arange(n * n).reshape(n, n).float() + 10 * start
+    return r.with_structure({"pair": pair}, pairwise=True)
 
 
 def test_select_indexes_pairwise_structure_in_both_dims():
@@ -72,4 +71,25 @@ def test_concat_of_different_structure_is_an_error_not_a_silent_drop():
     with pytest.raises(ValueError, match="different structure"):
         concat_rollouts([a, b], pad_id=0)
     with pytest.raises(ValueError, match=r"must be \[N, N\]"):
-        rollouts(2, 2).add_structure({"x": torch.zeros(2, 3)}, pairwise=True)
+        rollouts(2, 2).with_structure({"x": torch.zeros(2, 3)}, pairwise=True)
+
+
+def test_adding_structure_leaves_every_earlier_copy_as_it_was():
+    """Structure added to a batch is on the new batch only: a copy made before (the sampled
+    batch a metric reads, a kept selection) does not change under it."""
+    from dataclasses import replace
+
+    from policyopt.train.batch import Batch
+
+    before = Batch(
+        rollouts=rollouts(2, 3),
+        group_ids=torch.tensor([0, 0]),
+        prompts=["p", "p"],
+        completions=["a", "b"],
+        columns={},
+    )
+    copy = replace(before, completions=["a", "c"])
+    after = copy.with_structure({"x": torch.ones(2)})
+    assert "x" in after.structure
+    assert "x" not in copy.structure and "x" not in before.structure
+    assert "x" not in before.rollouts.structure

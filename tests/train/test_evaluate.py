@@ -109,7 +109,9 @@ def test_docpo_threshold_is_set_in_one_place() -> None:
 def test_response_shape_medians_and_distinct_correct_answers() -> None:
     import torch
 
-    from policyopt.methods.hispo import build_segments
+    from functools import partial
+
+    from policyopt.methods.hispo import build_segments, segments_per_response
     from policyopt.rollout.base import Rollouts
     from policyopt.train.held_out import distinct_correct, response_shape
 
@@ -129,7 +131,8 @@ def test_response_shape_medians_and_distinct_correct_answers() -> None:
         truncated=torch.zeros(n, dtype=torch.bool),
         generated_tokens=75,
     )
-    out = response_shape([rollouts], {"window": 4})
+    summary = ("segments_per_response", partial(segments_per_response, window=4))
+    out = response_shape([rollouts], [summary])
     assert out["eval/response_tokens_median"] == 25.0
     ids = build_segments(entropy, mask, window=4)
     counts = sorted(int(ids[i, :length].max()) + 1 for i, length in enumerate((40, 10, 25)))
@@ -137,3 +140,21 @@ def test_response_shape_medians_and_distinct_correct_answers() -> None:
     task = get_task("countdown", train_size=10, eval_size=5)
     texts = ["A:(7*4)-9", "A:7*4-9", "A: (7*4)-9", "A:(7+4)+9"]
     assert distinct_correct(task, texts, [True, True, True, False]) == 2
+
+
+def test_every_annotator_that_declares_a_summary_is_reported_with_the_runs_options() -> None:
+    """Evaluation names no method: an annotator's `eval_summary` is what it reports, with the
+    run's options for that annotator (else its own defaults)."""
+    from policyopt.config.load import load_config
+    from policyopt.train.parts import response_summaries
+
+    plain = dict(response_summaries(load_config()))
+    assert list(plain) == ["segments_per_response"]
+    assert plain["segments_per_response"].keywords == {}
+    hispo = load_config(
+        overrides=[
+            "algorithm.name=hispo",
+            "rollout.annotators=[{name: hispo_segments, options: {window: 8}}]",
+        ]
+    )
+    assert dict(response_summaries(hispo))["segments_per_response"].keywords == {"window": 8}

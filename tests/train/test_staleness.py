@@ -4,6 +4,8 @@ step while k > 0 trains on the stored older rollouts with their sampling log-pro
 from collections import deque
 from types import SimpleNamespace
 
+import pytest
+
 from policyopt.train import step as step_module
 from policyopt.train.distributed import Dist
 
@@ -66,6 +68,7 @@ def run_with_captured_batches(tmp_path, monkeypatch, name, extra):
     return sampled, trained, weights
 
 
+@pytest.mark.slow
 def test_k0_is_the_on_policy_step_and_k2_trains_on_rollouts_two_steps_old(tmp_path, monkeypatch):
     import json
 

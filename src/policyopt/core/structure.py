@@ -83,11 +83,12 @@ def produces_of(part: Any) -> tuple[str, ...]:
 
 
 def registered_producers(name: str) -> list[str]:
-    """`kind 'entry'` of every registered part that declares it produces `name`."""
+    """`kind 'entry'` of every registered part that declares it produces `name` (of those
+    imported: an environment not yet used is not imported to answer)."""
     return [
         f"{registry.kind} {entry!r}"
         for registry in all_registries()
-        for entry in registry.names()
+        for entry in registry.loaded()
         if name in produces_of(registry.get(entry))
     ]
 

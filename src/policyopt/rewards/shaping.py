@@ -61,7 +61,9 @@ class ShapedRound(Protocol):
     @property
     def structure(self) -> dict[str, torch.Tensor]: ...
 
-    def add_structure(self, values: dict[str, torch.Tensor], pairwise: bool = False) -> None: ...
+    def with_structure(
+        self, values: dict[str, torch.Tensor], pairwise: bool = False
+    ) -> ShapedRound: ...
 
 
 @dataclass
@@ -124,7 +126,7 @@ class ShapingContext:
 
     def add_structure(self, values: dict[str, torch.Tensor], pairwise: bool = False) -> None:
         """Add structure for later parts: [N] or [N, R] values, or [N, N] with `pairwise`."""
-        self.batch.add_structure(values, pairwise=pairwise)
+        self.batch = self.batch.with_structure(values, pairwise=pairwise)
 
 
 class RewardShaper:

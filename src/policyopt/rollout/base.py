@@ -106,16 +106,20 @@ class Rollouts:
             },
         )
 
-    def add_structure(self, values: dict[str, torch.Tensor], pairwise: bool = False) -> None:
-        """Add structure (each value's first dim N); `pairwise` marks them [N, N]."""
+    def with_structure(self, values: dict[str, torch.Tensor], pairwise: bool = False) -> Rollouts:
+        """These rollouts with structure added (each value's first dim N; `pairwise` marks
+        them [N, N]). A new object: copies made before keep the structure they had."""
         for name, value in values.items():
             if pairwise and (value.dim() != 2 or value.shape[1] != value.shape[0]):
                 raise ValueError(
                     f"pairwise structure {name!r} must be [N, N], got {tuple(value.shape)}"
                 )
-        self.structure.update(values)
         names = set(values)
-        self.pairwise = (self.pairwise | names) if pairwise else (self.pairwise - names)
+        return replace(
+            self,
+            structure={**self.structure, **values},
+            pairwise=(self.pairwise | names) if pairwise else (self.pairwise - names),
+        )
 
 
 def select_structure(value: torch.Tensor, index: torch.Tensor, pairwise: bool) -> torch.Tensor:

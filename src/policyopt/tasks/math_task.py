@@ -1,13 +1,16 @@
 """Math problems from a file, graded by answer equivalence with `math-verify`.
 
-Registered as `math`; rows load as in `hf_dataset` (same path, column and split options).
+Registered as `math`; rows load as in `hf_dataset` (same path, column and split options, the
+same checks of the file, and TRL's conversational prompts: the prompt template then wraps the
+last user message).
 The predicted answer is the content of the last `\\boxed{...}` of the completion (braces
 matched); the gold answer is the answer column (boxed if it is not already). The reward is
 `verify(parse(gold), parse(pred))`: 1.0 if equivalent (`\\frac{1}{2}` = `0.5`), else 0.0;
 None when the completion has no `\\boxed{}` or its content cannot be parsed.
 
 Timeouts: math-verify guards parsing and comparison with `signal.alarm`, which works only
-on the main thread. On the main thread this task uses `timeout_seconds` (a timed-out
+on the main thread (where the reward pipeline calls reward functions: its own time limit per
+call, `policyopt.rewards.isolation`, uses another signal). On the main thread this task uses `timeout_seconds` (a timed-out
 comparison scores 0); on any other thread it calls math-verify with timeouts disabled
 (math-verify logs a warning once), so a pathological expression can then hang the thread:
 call `verify` from the main thread, or from worker processes, when inputs may be hostile.

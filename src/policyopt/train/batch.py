@@ -53,8 +53,10 @@ class Batch:
         """Declared structure so far (`policyopt.core.structure`): [N], [N, R] or [N, N]."""
         return self.rollouts.structure
 
-    def add_structure(self, values: dict[str, torch.Tensor], pairwise: bool = False) -> None:
-        self.rollouts.add_structure(values, pairwise=pairwise)
+    def with_structure(self, values: dict[str, torch.Tensor], pairwise: bool = False) -> Batch:
+        """This batch with structure added (`Rollouts.with_structure`); earlier copies keep
+        theirs."""
+        return replace(self, rollouts=self.rollouts.with_structure(values, pairwise=pairwise))
 
     def function_values(self) -> dict[str, torch.Tensor]:
         """Each reward function's values, by function name."""

@@ -52,15 +52,15 @@ from policyopt.train.update import Optimization, update
 
 @dataclass
 class StepState:
-    """What a step acts on. `step` counts the steps done; `share` is this rank's prompts per
-    round (`prompts_per_step` without data parallelism)."""
+    """What a step acts on, and the one holder of it: the model, policy and optimizer
+    (`optimization`), the engine and the tokenizer. `step` counts the steps done; `share` is
+    this rank's prompts per round (`prompts_per_step` without data parallelism)."""
 
     step: int
     rows: Any  # the task's training rows (a datasets.Dataset)
     sampler: PromptSampler
     engine: RolloutEngine
     tokenizer: Any
-    model: torch.nn.Module
     pad_id: int
     share: int
     optimization: Optimization
@@ -217,7 +217,7 @@ def rollout(
         made = a.fn(rollouts, **a.options)
         check_produced(a.label, a.fn, made, n)
         check_declared_made(a.label, a.fn, made)
-        rollouts.add_structure(made)
+        rollouts = rollouts.with_structure(made)
     times.generation += time.perf_counter() - t0
     times.rounds += 1
     times.generated_tokens += rollouts.generated_tokens
@@ -240,8 +240,8 @@ def score(parts: Parts, batch: Batch, times: Times) -> Batch:
     ids = [row[:n] for row, n in zip(r.response_ids.tolist(), r.lengths.tolist(), strict=True)]
     result = parts.reward(batch.prompts, batch.completions, batch.columns, completion_ids=ids)
     pairwise = result.pairwise
-    batch.add_structure({k: v for k, v in result.structure.items() if k not in pairwise})
-    batch.add_structure({k: result.structure[k] for k in pairwise}, pairwise=True)
+    batch = batch.with_structure({k: v for k, v in result.structure.items() if k not in pairwise})
+    batch = batch.with_structure({k: result.structure[k] for k in pairwise}, pairwise=True)
     values = {
         name: torch.tensor([0.0 if v is None else float(v) for v in vals], dtype=torch.float64)
         for name, vals in result.raw.items()
@@ -271,7 +271,7 @@ def shape(parts: Parts, state: StepState, batch: Batch) -> Batch:
         batch,
         step=state.step,
         total_steps=parts.total_steps,
-        model=state.model,
+        model=state.optimization.model,
         tokenizer=state.tokenizer,
         logit_chunk_size=parts.logit_chunk_size,
         max_new_tokens=parts.max_new_tokens,
@@ -292,7 +292,7 @@ def shape(parts: Parts, state: StepState, batch: Batch) -> Batch:
         rewards[f"term/{name}"] = term.float()
         total = total + term.float()
     rewards["total"] = total
-    return replace(batch, rewards=rewards, metrics=metrics)
+    return replace(ctx.batch, rewards=rewards, metrics=metrics)  # with what shapers declared
 
 
 def group_filter(parts: Parts, batch: Batch) -> torch.Tensor:

@@ -92,12 +92,11 @@ class Trainer:
                 target_modules=lora.target_modules,
                 dropout=lora.dropout,
             )
-        self.model, self.tokenizer = model, tokenizer
         self.num_threads = apply_num_threads(cfg.train.num_threads, model)  # "auto": by size
         pad_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         )
-        self.engine = parts.make_engine(model, tokenizer)
+        engine = parts.make_engine(model, tokenizer)
         # The reference policy is copied before wrapping (FSDP2 shards the policy in place).
         ref_model = None
         if cfg.algorithm.kl_coef > 0 and not cfg.model.lora.enabled:
@@ -106,8 +105,8 @@ class Trainer:
             "temperature": cfg.rollout.temperature,
             "chunk_size": cfg.model.logit_chunk_size,
         }
-        self.policy = wrap_policy(model, self.dist, **logp_options)
-        self.ref_policy = (
+        policy = wrap_policy(model, self.dist, **logp_options)
+        ref_policy = (
             wrap_policy(ref_model, self.dist, trainable=False, **logp_options)
             if ref_model is not None
             else None
@@ -117,17 +116,19 @@ class Trainer:
         optimizer, scheduler = build_optimizer(
             params, cfg.optim, cfg.train.steps * updates_per_step
         )
-        self.optimization = self._optimization(optimizer, scheduler)
+        # The one holder of the model, its optimizer, the engine and the tokenizer: the step
+        # acts on it; the trainer's names below read it.
         self.state = StepState(
             step=0,
             rows=self.train_rows,
             sampler=PromptSampler(len(self.train_rows), cfg.train.seed),
-            engine=self.engine,
+            engine=engine,
             tokenizer=tokenizer,
-            model=model,
             pad_id=pad_id,
             share=share(cfg.rollout.prompts_per_step, self.dist),
-            optimization=self.optimization,
+            optimization=self._optimization(
+                model, policy, ref_policy, engine, optimizer, scheduler
+            ),
             dist=self.dist,
         )
         self.generated_tokens = 0  # over the whole run, for train.max_generated_tokens
@@ -156,6 +157,26 @@ class Trainer:
         return self.state.sampler
 
     @property
+    def model(self) -> torch.nn.Module:
+        return self.state.optimization.model
+
+    @property
+    def policy(self) -> torch.nn.Module:
+        return self.state.optimization.policy
+
+    @property
+    def optimization(self) -> Optimization:
+        return self.state.optimization
+
+    @property
+    def engine(self) -> Any:
+        return self.state.engine
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.state.tokenizer
+
+    @property
     def optimizer(self) -> torch.optim.Optimizer:
         return self.optimization.optimizer
 
@@ -170,18 +191,22 @@ class Trainer:
     # ----------------------------------------------------------------- setup helpers
     def _optimization(
         self,
+        model: torch.nn.Module,
+        policy: torch.nn.Module,
+        ref_policy: torch.nn.Module | None,
+        engine: Any,
         optimizer: torch.optim.Optimizer,
         scheduler: torch.optim.lr_scheduler.LRScheduler,
     ) -> Optimization:
         cfg = self.config
-        reference, reference_context = self.ref_policy, None
+        reference, reference_context = ref_policy, None
         if cfg.algorithm.kl_coef > 0 and cfg.model.lora.enabled:
             # The reference policy is the base model: the policy with its adapter off.
-            reference = self.policy
-            reference_context = lambda: disabled_adapter(self.model)  # noqa: E731
+            reference = policy
+            reference_context = lambda: disabled_adapter(model)  # noqa: E731
         return Optimization(
-            model=self.model,
-            policy=self.policy,
+            model=model,
+            policy=policy,
             optimizer=optimizer,
             scheduler=scheduler,
             dist=self.dist,
@@ -191,7 +216,7 @@ class Trainer:
             minibatches=cfg.algorithm.minibatches,
             micro_batch_size=cfg.train.micro_batch_size,
             max_grad_norm=cfg.optim.max_grad_norm,
-            tis_cap=resolve_tis_cap(cfg.algorithm.tis_cap, self.engine.exact_logprobs),
+            tis_cap=resolve_tis_cap(cfg.algorithm.tis_cap, engine.exact_logprobs),
             behaviour_old_logp=cfg.rollout.staleness > 0,
         )
 
@@ -426,7 +451,7 @@ class Trainer:
         self.reward_fn.close()
         if self.dist.active and torch.distributed.is_initialized():
             # Wrappers (DDP's reducer) must go before their process group, or exit hangs.
-            self.policy = self.ref_policy = self.optimization = self.state = None
+            self.state = None  # the policy, its optimizer and the engine with it
             gc.collect()
             torch.distributed.destroy_process_group()
 

@@ -1,5 +1,5 @@
 #!/bin/bash
-# issue 22, session 37, on main 4006ad3: benches (reps 3, 4), then the quickstart from an empty cache with 0, 1, 2 competing jobs
+# issue 22, on main 4006ad3: benches (reps 3, 4), then the quickstart from an empty cache with 0, 1, 2 competing jobs
 cd /tmp/s37/bench
 SFT=/tmp/s37/cache/sft/10c8e805e2aab8cf
 for rep in 3 4; do

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 
+import pytest
+
 from policyopt.envs.ads.adsim.abtest import AdPlatform
 from policyopt.envs.ads.adsim.history import make_history
 from policyopt.envs.ads.lrp.features import build_bank
@@ -13,6 +15,7 @@ from policyopt.envs.ads.reward import scorer_for
 from policyopt.tasks.base import get_task
 
 
+@pytest.mark.slow
 def test_tasks_built_one_after_another_get_distinct_keys():
     # CPython reuses id() once an object is freed: `dmrl-{id(self)}` repeated here.
     keys = []
@@ -32,6 +35,7 @@ def _lrp(path, seed):
     return str(path)
 
 
+@pytest.mark.slow
 def test_the_scorer_is_the_one_at_the_environments_lrp_path(tmp_path):
     a, b = _lrp(tmp_path / "a", 0), _lrp(tmp_path / "b", 1)
     task = get_task("dmrl_skill", users_per_arm=10, eval_users=10, lrp_path=a)

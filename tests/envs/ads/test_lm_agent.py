@@ -60,6 +60,7 @@ def test_agent_sets_what_the_model_wrote_and_counts_the_parse_rate():
     assert agent.stats()["parse_rate"] == 0.5
 
 
+@pytest.mark.slow
 def test_lower_agent_option_selects_the_agent():
     task = get_task("dmrl_skill", users_per_arm=10, eval_users=10)
     assert isinstance(task.env.agent, RuleAgent)
@@ -101,6 +102,7 @@ def test_lm_agent_probe_counts_parse_and_agreement_by_hand() -> None:
     assert got["per_parameter_distance"]["ad_load"] == 0
 
 
+@pytest.mark.slow
 def test_grammar_agent_writes_every_parameter_in_the_format() -> None:
     """An untrained model writes nothing parseable on its own; under `params_ebnf` every
     output is the 14 `name=value` lines in order, so the parse rate is 1."""

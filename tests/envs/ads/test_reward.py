@@ -151,6 +151,7 @@ def test_verify_is_the_true_relative_lift(lrp_dir):
     assert lift == pytest.approx(task.value(new) / task.value(task.env.document) - 1)
 
 
+@pytest.mark.slow
 def test_scripted_deployment_loop_runs(lrp_dir):
     from studies.dmrl.scripted import climb
 

@@ -61,7 +61,10 @@ def test_grammar_accepts_exactly_these_edits(text: str, ok: bool) -> None:
         ("insert ranking: keep ad load low\n", False),  # ad load's rules live in "ads"
         ("insert ranking: set quality weight\n", False),  # no level: the agent ignores it
         ("insert ranking: set quality weight lowish\n", False),
-        ("insert ranking: cap repeadged adsers meium\n", False),  # session 27's garbled rule
+        (
+            "insert ranking: cap repeadged adsers meium\n",
+            False,
+        ),  # a garbled rule an unconstrained editor wrote
         ("replace casual 1: send reminders medium\n", True),
         ("replace casual 1: set quality weight low\n", False),  # no such population rule
         ("insert loyal: keep ad load very low\n", True),
@@ -88,6 +91,7 @@ def test_rule_grammar_accepts_only_rules_the_agent_reads(text: str, ok: bool) ->
             assert rule_setting(edit.content, edit.section) is not None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("content", ["free", "rules"])
 def test_every_demonstration_is_in_the_grammar(content: str) -> None:
     """The grammar must not forbid what the editor is trained to write (SFT targets)."""

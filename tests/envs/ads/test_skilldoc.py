@@ -88,6 +88,7 @@ def test_scripted_edits_round_trip_and_stay_in_range():
             assert lo <= getattr(p, name) <= hi
 
 
+@pytest.mark.slow
 def test_live_environment_state_survives_a_checkpoint(tmp_path):
     """A resumed DMRL run continues the same environment: deployed document, day, recent
     outcomes and the deployed experiments (the LRP's memory bank), from plain data that

@@ -46,6 +46,7 @@ def test_different_formulas_score_below_0_8_by_hand():
     assert formula_reward(r"\frac{a}{b}", r"\frac{b}{a}") < 0.8
 
 
+@pytest.mark.slow
 def test_a_hanging_simplification_is_cut_at_the_time_limit_and_the_worker_recovers():
     assert formula_reward("x", "x") == 1.0  # a live worker
     worker = docparse_formula._workers[0]
@@ -123,6 +124,7 @@ LATEXISH = st.lists(
 ).map("".join)
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(st.one_of(LATEXISH, st.text(max_size=30)), LATEXISH)
 def test_fuzz_never_raises_and_stays_in_unit_interval(pred, ref):

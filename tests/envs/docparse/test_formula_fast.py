@@ -66,6 +66,7 @@ def rewards(pairs, **options):
     return formula_rewards([p for p, _ in pairs], [r for _, r in pairs], **options)
 
 
+@pytest.mark.slow
 def test_batch_values_equal_the_plain_computation(plain, monkeypatch):
     monkeypatch.setattr(
         docparse_formula, "_worker_count", lambda caller_waits=True: 2
@@ -107,6 +108,7 @@ def test_the_cache_is_bounded_and_eviction_does_not_change_values(plain, monkeyp
     assert rewards(PAIRS) == first == plain(PAIRS)
 
 
+@pytest.mark.slow
 def test_a_hanging_check_in_a_batch_scores_semantic_zero_and_the_pool_recovers(plain, monkeypatch):
     expected = plain(PAIRS)
     monkeypatch.setattr(
@@ -242,6 +244,7 @@ MORE_LATEX = [
 ]
 
 
+@pytest.mark.slow
 def test_the_fast_parser_gives_latex2sympys_objects_or_fails():
     from latex2sympy2_extended import latex2sympy
 

@@ -29,6 +29,7 @@ def test_lambdarank_beats_random():
     assert lambdarank_ndcg(task, 10, trees=50, eval_size=5) != got
 
 
+@pytest.mark.slow
 def test_tuned_lambdarank_picks_from_the_grid_by_validation():
     pytest.importorskip("lightgbm")
     from policyopt.envs.ltr.baselines import LAMBDARANK_GRID, lambdarank_tuned

@@ -48,6 +48,7 @@ def _days(out, arm, seed):
     return [json.loads(x) for x in (out / arm / f"seed{seed}" / "dmrl_days.jsonl").open()]
 
 
+@pytest.mark.slow
 def test_the_random_arm_proposes_well_formed_edits_every_day(study):
     out, _ = study
     for seed in (0, 1):

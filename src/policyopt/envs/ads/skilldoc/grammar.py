@@ -11,7 +11,7 @@ rule, and the line's newline. The rule is, with `content`:
   document admits its own parameters' phrases (`scripted.PHRASES`), a population's section
   its per-population ones, any other section the global ones.
 - "free" (grammar `skill_edit`): any allowed characters, starting with a non-space, at most
-  `MAX_RULE_CHARS` long. Session 27 measured why that is not the default: edits parse but the
+  `MAX_RULE_CHARS` long. The lab record (studies/record.md, issue 20) measured why that is not the default: edits parse but the
   rules are garbled ("cap repeadged adsers meium"), name no level, and do nothing.
 
 Both are subsets of what `parse_edit` accepts and hold every edit the editor is trained to

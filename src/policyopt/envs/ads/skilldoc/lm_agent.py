@@ -13,7 +13,7 @@ whose output named every whitelisted parameter, and the mean number named.
 `grammar=True` constrains the decoding to `params_ebnf()`: one `name=value` line per
 parameter, in `RANGES` order, each value a plain decimal (`rollout.grammar`, xgrammar). Every
 output then parses and names all 14 (parse rate 1 by construction); what remains to measure
-is whether the values follow the rules. Session 28 measured why it is needed: unconstrained,
+is whether the values follow the rules. The lab record (studies/record.md, issue 20) measured why it is needed: unconstrained,
 SmolLM2-135M-Instruct continued the document's rule list and named no parameter.
 """
 
