@@ -39,8 +39,8 @@ def main() -> int:
 
     import torch
 
-    from policyopt.rollout.base import SamplingParams
     from policyopt.config.load import load_config
+    from policyopt.rollout.base import SamplingParams
     from policyopt.train.trainer import Trainer
 
     report: dict = {"argv": sys.argv[1:], "torch": torch.__version__, "checks": {}}
@@ -108,7 +108,7 @@ def main() -> int:
         t = time.perf_counter()
         steps = []
         for _ in range(args.steps):
-            m = trainer.train_step()
+            m = trainer.run_step()
             trainer.step += 1
             steps.append(
                 {

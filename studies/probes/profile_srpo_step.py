@@ -55,11 +55,10 @@ def main(rounds: int) -> None:
                 start = time.perf_counter()
                 if measured:
                     profiles[algo].enable()
-                trainer.train_step()
+                trainer.run_step()
                 if measured:
                     profiles[algo].disable()
                     wall[algo].append(time.perf_counter() - start)
-                trainer.step += 1
                 arms.rng[algo] = rng_state()
     finally:
         arms.close()

@@ -69,8 +69,7 @@ def child(model: str, loads: list[int], threads: list[int], reps: int) -> None:
 
         def measure() -> dict[str, float]:
             sft = run_sft(trainer.model, trainer.tokenizer, trainer.task, sft_cfg, progress=False)
-            rec = trainer.train_step()
-            trainer.step += 1
+            rec = trainer.run_step()
             return {
                 "sft": sft["sft/seconds"],
                 "sampling": rec["time/generation"],

@@ -57,7 +57,7 @@ def test_gar_with_dynamic_sampling_keeps_all_correct_groups(tmp_path):
             "reward.functions=[{name: 'rewards_for_tests:always_one'}]",
         )
     )
-    metrics = trainer.train_step()
+    metrics = trainer.run_step()
     trainer.close()
     assert "skipped_update" not in metrics
     assert metrics["filter/kept_groups"] == 2 and metrics["filter/rounds"] == 1
@@ -78,7 +78,7 @@ def test_dapo_filter_looks_at_the_task_reward_not_at_the_length_penalty(tmp_path
     )
     scored = shaped_round(trainer, [0, 1])
     assert len(set(scored.rewards["total"].tolist())) > 1  # the penalty differs between rollouts
-    metrics = trainer.train_step()
+    metrics = trainer.run_step()
     trainer.close()
     assert metrics["filter/kept_groups"] == 0 and metrics["skipped_update"] == 1.0
 

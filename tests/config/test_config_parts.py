@@ -114,7 +114,8 @@ def test_values_the_run_supplies_are_not_options() -> None:
     # Per-token structure comes from the rollouts, normalisers from the batch.
     with pytest.raises(ConfigError, match=r"loss_options\.segment_ids.*not an option"):
         load_config(overrides=["algorithm.name=hispo", "algorithm.loss_options={segment_ids: 1}"])
-    with pytest.raises(ConfigError, match=r"loss_options\.max_len.*not an option"):
+    # Normalisers (max_len, the global counts) reach a loss in LossInputs, never as options.
+    with pytest.raises(ConfigError, match=r"loss_options\.max_len: unknown option"):
         load_config(overrides=["algorithm.loss_options={max_len: 3}"])
     with pytest.raises(ConfigError, match=r"loss_options\.agg.*algorithm\.agg"):
         load_config(overrides=["algorithm.loss_options={agg: token-mean}"])
@@ -202,3 +203,28 @@ def test_a_name_where_a_list_of_parts_is_expected_shows_the_form(override, hint)
     with pytest.raises(ConfigError) as info:
         load_config(overrides=[override])
     assert hint in str(info.value), str(info.value)
+
+
+def test_one_sample_per_prompt_is_refused_by_what_an_estimator_declares(monkeypatch) -> None:
+    """The check reads the estimator's declared `group_relative`, not a list of names: a
+    newly registered group-relative estimator is covered without editing the check."""
+    from policyopt.core import ADVANTAGES
+    from policyopt.core.advantages import grpo_advantages
+
+    def copy(rewards, group_ids):
+        return grpo_advantages(rewards, group_ids)
+
+    copy.group_relative = True
+    name = "test_group_relative_copy"
+    monkeypatch.setitem(ADVANTAGES._entries, name, copy)  # registered for this test only
+    with pytest.raises(ConfigError, match="group_size: 1"):
+        load_config(overrides=[f"algorithm.advantage={name}", "rollout.group_size=1"])
+    with pytest.raises(ConfigError, match="group_size: 1"):
+        load_config(
+            overrides=[
+                "algorithm.advantage=reinforce_pp",
+                "algorithm.advantage_options={group_baseline: true}",
+                "rollout.group_size=1",
+            ]
+        )
+    load_config(overrides=["algorithm.advantage=reinforce_pp", "rollout.group_size=1"])

@@ -100,7 +100,7 @@ def test_a_producer_that_does_not_deliver_is_caught_at_run_time(tmp_path, small_
         # annotator's empty output is caught when it runs.
         trainer = Trainer(small_config(tmp_path, "algorithm.name=hispo", steps=1))
         with pytest.raises(ValueError, match=r"declares it produces \['segment_ids'\]"):
-            trainer.train_step()
+            trainer.run_step()
     finally:
         ROLLOUT_ANNOTATORS._entries["hispo_segments"] = annotator
         if trainer is not None:

@@ -5,7 +5,8 @@ import importlib.util
 import pytest
 import torch
 
-from policyopt.core.token_bits import pack_token_bits, unpack_token_bits
+from policyopt.core.token_bits import unpack_token_bits
+from token_bits_for_tests import pack_token_bits
 
 
 def test_pack_by_hand():

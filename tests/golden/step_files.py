@@ -1,4 +1,4 @@
-"""Which policyopt source files one training step runs, from `Trainer.train_step` to the
+"""Which policyopt source files one training step runs, from `Trainer.run_step` to the
 first `optimizer.step()`: `python tests/golden/step_files.py [grpo dapo hispo ...]`.
 
 A profile hook records the file of every policyopt function called in between. Two counts:
@@ -9,16 +9,16 @@ A profile hook records the file of every policyopt function called in between. T
     format, the core math under a loss (`core/aggregation.py`), the log-prob kernels
     (`models/logprobs.py`), diagnostics.
 (b) walk: the files a reader follows to see what the step does, the step's orchestration:
-    the trainer-layer files (`trainer/*.py`) through which control passes, plus one file per
+    the train-layer files (`train/*.py`) through which control passes, plus one file per
     plug point the step calls (DESIGN.md's five): where the bound rollout strategy, the
     reward pipeline, each shaper, each group filter, the advantage estimator and the policy
     loss are defined (`Trainer.parts`). Below a plug point's entry a reader is reading that
     part, not the step.
 
-Also printed: the length of `trainer/step.py:train_step`, and every call from another
-trainer-layer file back into `trainer/step.py` (a callback: control leaving the step's
+Also printed: the length of `train/step.py:train_step`, and every call from another
+train-layer file back into `train/step.py` (a callback: control leaving the step's
 function and coming back through another file). Works on any version of the trainer that
-has `Trainer.train_step` (it measured the step before and after the issue-18 refactor;
+has `Trainer.run_step` (it measured the step before and after the issue-18 refactor;
 (b) needs `Trainer.parts`, which the refactor introduced)."""
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def run_files(trainer: Any) -> tuple[list[str], set[tuple[str, str]]]:
         if event != "call" or state["done"]:
             return
         code = frame.f_code
-        if code.co_name == "train_step" and _rel(code.co_filename) == "trainer/trainer.py":
+        if code.co_name == "run_step" and _rel(code.co_filename) == "train/trainer.py":
             state["on"] = True
         if not state["on"]:
             return
@@ -88,7 +88,7 @@ def run_files(trainer: Any) -> tuple[list[str], set[tuple[str, str]]]:
 
     sys.setprofile(hook)
     try:
-        trainer.train_step()
+        trainer.run_step()
     finally:
         sys.setprofile(None)
     return files, edges
@@ -114,8 +114,8 @@ def plug_point_files(trainer: Any) -> list[tuple[str, str]]:
 
 
 def walk(trainer: Any, files: list[str]) -> list[str]:
-    """(b): the trainer-layer files of (a), then each plug point's file (once each)."""
-    out = [f for f in files if f.startswith("trainer/")]
+    """(b): the train-layer files of (a), then each plug point's file (once each)."""
+    out = [f for f in files if f.startswith("train/")]
     for _, f in plug_point_files(trainer):
         if f not in out:
             out.append(f)
@@ -134,9 +134,9 @@ def report(algo: str) -> None:
         print("     ", f)
     if hasattr(trainer, "parts"):
         path = walk(trainer, files)
-        print(f"(b) the walk, {len(path)} files: the trainer-layer files, then the plug points:")
+        print(f"(b) the walk, {len(path)} files: the train-layer files, then the plug points:")
         for f in path:
-            if f.startswith("trainer/"):
+            if f.startswith("train/"):
                 print("     ", f)
         for point, f in plug_point_files(trainer):
             print(f"      {f}  ({point})")
@@ -145,17 +145,17 @@ def report(algo: str) -> None:
     step = sys.modules.get("policyopt.train.step")
     if step is not None and hasattr(step, "train_step"):
         lines, _ = inspect.getsourcelines(step.train_step)
-        print(f"trainer/step.py:train_step is {len(lines)} lines")
+        print(f"train/step.py:train_step is {len(lines)} lines")
     back = sorted(
         (a, b)
         for a, b in edges
-        if b == "trainer/step.py" and a.startswith("trainer/") and a != "trainer/trainer.py"
+        if b == "train/step.py" and a.startswith("train/") and a != "train/trainer.py"
     )
-    print("callbacks into trainer/step.py:", ", ".join(f"{a} -> {b}" for a, b in back) or "none")
+    print("callbacks into train/step.py:", ", ".join(f"{a} -> {b}" for a, b in back) or "none")
     crossings = sorted(
-        {(a, b) for a, b in edges if a.startswith("trainer/") and b.startswith("trainer/")}
+        {(a, b) for a, b in edges if a.startswith("train/") and b.startswith("train/")}
     )
-    print("calls between trainer/ files:", ", ".join(f"{a} -> {b}" for a, b in crossings))
+    print("calls between train/ files:", ", ".join(f"{a} -> {b}" for a, b in crossings))
 
 
 if __name__ == "__main__":

@@ -8,8 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from policyopt.core import advantages_and_metrics, compute_advantages
+from policyopt.core import ADVANTAGES, compute_advantages, estimator_with_metrics
 from policyopt.methods import srpo  # noqa: F401  (registers the "srpo" advantage)
+
+
+def advantages_and_metrics(name, rewards, group_ids, **options):
+    return estimator_with_metrics(name, ADVANTAGES.get(name), rewards, group_ids, **options)
 
 
 def loop_srpo(rewards, group_ids, distances, eps=1e-6):

@@ -2,13 +2,18 @@
 or hangs scores its samples 0 (logged), is replaced, and the pool goes on."""
 
 import logging
+import sys
 import time
 
 import pytest
 
 ray = pytest.importorskip("ray")
 
-from policyopt.rewards.functions import RewardPipeline, task_reward_function  # noqa: E402
+from policyopt.rewards.functions import (  # noqa: E402
+    RewardFunctionError,
+    RewardPipeline,
+    task_reward_function,
+)
 from policyopt.rewards.remote import RayRewardPool  # noqa: E402
 from policyopt.tasks.base import get_task  # noqa: E402
 from rewards_for_tests import dies_or_hangs  # noqa: E402
@@ -69,8 +74,8 @@ def test_dead_or_hung_worker_scores_zero_is_replaced_and_the_pool_goes_on(caplog
 
 
 def test_training_with_a_remote_reward_runs_and_logs_its_rewards(tmp_path, small_config) -> None:
-    from policyopt.trainer.metrics_log import read_metrics
-    from policyopt.trainer.trainer import Trainer
+    from policyopt.store.metrics_log import read_metrics
+    from policyopt.train.trainer import Trainer
 
     config = small_config(
         tmp_path,
@@ -89,3 +94,38 @@ def test_training_with_a_remote_reward_runs_and_logs_its_rewards(tmp_path, small
     assert [r["step"] for r in rows] == [1, 2]
     assert all(0.0 <= r["reward/mean"] <= 1.0 for r in rows)
     assert pool.failed_samples == 0
+
+
+def exits_on_b(prompts, completions, **columns):
+    """Calls sys.exit(0) on the completion "b" (a reward must not end its worker quietly)."""
+    if "b" in completions:
+        sys.exit(0)
+    return [1.0] * len(completions)
+
+
+def test_sys_exit_in_a_worker_is_the_same_named_error_as_in_process() -> None:
+    pool = RayRewardPool("exits", exits_on_b, num_workers=1, chunk_size=1)
+    try:
+        with pytest.raises(
+            RewardFunctionError, match=r"'exits' failed on sample 1 .*called sys\.exit\(0\)"
+        ):
+            RewardPipeline([("exits", pool, 1.0)])(["p", "p"], ["a", "b"], {})
+        assert pool.failed_samples == 0  # raised, not a dead worker scored 0
+    finally:
+        pool.close()
+
+
+def test_trl_reward_function_in_workers_on_conversational_prompts() -> None:
+    """TRL's functions take `completions` first: the workers call them by keyword, as the
+    pipeline does, with conversational completions for conversational prompts."""
+    from trl.rewards import think_format_reward
+
+    pool = RayRewardPool("think", think_format_reward, num_workers=1, chunk_size=2)
+    prompts = [[{"role": "user", "content": "Why?"}]] * 2
+    try:
+        result = RewardPipeline([("think", pool, 1.0)])(
+            prompts, ["<think>\nso\n</think>\nBecause.", "Because."], {}
+        )
+    finally:
+        pool.close()
+    assert result.raw["think"] == [1.0, 0.0]

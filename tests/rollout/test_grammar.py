@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 
-from policyopt.core.token_bits import pack_token_bits
 from policyopt.envs.ads.skilldoc.document import read_edit
 from policyopt.envs.ads.skilldoc.env import render_prompt
 from policyopt.envs.ads.skilldoc.scripted import START_DOCUMENT, random_document
@@ -19,6 +18,7 @@ from policyopt.rollout.hf_engine import HFEngine
 from policyopt.rollout.sampling import sample_next
 from policyopt.train.distributed import PolicyForward
 from policyopt.train.update import allowed_of
+from token_bits_for_tests import pack_token_bits
 
 pytest.importorskip("xgrammar")
 

@@ -5,6 +5,7 @@ import json
 import datasets
 import pytest
 
+from policyopt.rewards.functions import RewardFunctionError
 from policyopt.tasks import TASKS, HFDatasetTask, get_task
 
 ROWS = [
@@ -146,7 +147,8 @@ def test_pluggable_reward_function_by_spec_and_callable(tmp_path):
 def test_reward_function_returning_two_values_is_an_error(tmp_path):
     path = write_jsonl(tmp_path / "data.jsonl", ROWS)
     task = HFDatasetTask(path, reward_function=lambda p, c, **k: [1.0, 0.0], **OPTIONS)
-    with pytest.raises(ValueError, match="returned 2 values for 1 completion"):
+    # The pipeline's own error: the reward function is called through its path.
+    with pytest.raises(RewardFunctionError, match="returned 2 values for 1 completion"):
         task.verify("x", ROWS[0])
 
 

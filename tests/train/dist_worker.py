@@ -1,4 +1,4 @@
-"""Worker for tests/trainer/test_distributed.py: one policy update on a fixed global batch.
+"""Worker for tests/train/test_distributed.py: one policy update on a fixed global batch.
 
 Run alone (`python dist_worker.py OUT`): the single-process reference. Under torchrun with 2
 processes: the same global batch split by whole groups over the ranks, once under DDP and

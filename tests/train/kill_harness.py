@@ -1,7 +1,7 @@
 """Kill training processes with SIGKILL, restart them, and check the finished run equals an
 uninterrupted one bit for bit (issue 13, item 12).
 
-    python tests/trainer/kill_harness.py --runs 20 --seed 0
+    python tests/train/kill_harness.py --runs 20 --seed 0
 
 runs 20 training runs, each killed 1 to 3 times at random points and restarted until it
 finishes, and prints how many equal the uninterrupted run. `test_kill_resume.py` runs one
@@ -109,11 +109,11 @@ def install_kill_hook(kill: Kill) -> None:
 
         return wrapped
 
-    train_step = trainer_module.Trainer.train_step
+    run_step = trainer_module.Trainer.run_step
 
-    def counting_train_step(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def counting_run_step(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
         current["step"] = self.step + 1
-        return train_step(self, *args, **kwargs)
+        return run_step(self, *args, **kwargs)
 
     def save(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
         current["step"] = self.step
@@ -130,7 +130,7 @@ def install_kill_hook(kill: Kill) -> None:
         return log(self, step, metrics)
 
     trainer_save = trainer_module.Trainer.save
-    trainer_module.Trainer.train_step = counting_train_step
+    trainer_module.Trainer.run_step = counting_run_step
     trainer_module.Trainer.save = save
     step_module.score = after(step_module.score, "sample")
     step_module.update = after(step_module.update, "update")

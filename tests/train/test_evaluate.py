@@ -107,9 +107,9 @@ def test_docpo_threshold_is_set_in_one_place() -> None:
 
 
 def test_response_shape_medians_and_distinct_correct_answers() -> None:
-    import torch
-
     from functools import partial
+
+    import torch
 
     from policyopt.methods.hispo import build_segments, segments_per_response
     from policyopt.rollout.base import Rollouts

@@ -2,7 +2,7 @@
 time; the finished run equals an uninterrupted one bit for bit (issue 13, item 12).
 
 The same check with random kill points, 20 runs:
-`python tests/trainer/kill_harness.py --runs 20` (results in docs/results/faults.md).
+`python tests/train/kill_harness.py --runs 20` (results in docs/results/faults.md).
 """
 
 import pytest

@@ -68,7 +68,7 @@ def test_dynamic_sampling_drops_constant_groups(tmp_path, small_config) -> None:
             steps=1,
         )
     )
-    metrics = trainer.train_step()
+    metrics = trainer.run_step()
     trainer.close()
     assert metrics["filter/rounds"] == 2
     assert metrics["filter/kept_groups"] == 0
@@ -82,7 +82,7 @@ def test_reward_function_that_raises_names_function_and_sample(tmp_path, small_c
         )
     )
     with pytest.raises(RewardFunctionError, match=r"raises_on_odd_answer.*sample \d+"):
-        trainer.train_step()
+        trainer.run_step()
     trainer.close()
 
 

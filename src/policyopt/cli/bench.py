@@ -193,10 +193,9 @@ class PolicyoptArms:
             trainer = self.trainers[algo]
             set_rng_state(self.rng[algo])
             cpu = time.process_time()
-            record = trainer.train_step()
+            record = trainer.run_step()
             record["cpu/step"] = time.process_time() - cpu
             self.records[algo].append(record)
-            trainer.step += 1  # as Trainer.train: per-step caches and schedules move on
             self.rng[algo] = rng_state()
 
     def results(self) -> dict[str, dict[str, Any]]:

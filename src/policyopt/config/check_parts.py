@@ -38,9 +38,6 @@ STRATEGY_SUPPLIED = {
     "on_finished": "the trainer (reward prefetch)",
 }
 LOSS_SUPPLIED = {
-    "global_tokens": "the trainer (LossInputs.normalisers: the batch's token count)",
-    "global_seqs": "the trainer (LossInputs.normalisers: the batch's sequence count)",
-    "max_len": "rollout.max_new_tokens (LossInputs.normalisers)",
     "agg": "algorithm.agg",
     "clip_low": "algorithm.clip_low",
     "clip_high": "algorithm.clip_high",
@@ -51,6 +48,7 @@ def check_parts(config: Config) -> list[str]:
     """Every problem with the config's registered names and their options (empty: none)."""
     import policyopt.methods  # noqa: F401  (methods register their parts)
     from policyopt.core import ADVANTAGES, AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES
+    from policyopt.core.advantages import is_group_relative
     from policyopt.core.filters import GROUP_FILTERS
     from policyopt.rewards.shaping import SHAPERS
     from policyopt.rollout import ENGINES, ROLLOUT_ANNOTATORS, ROLLOUT_STRATEGIES
@@ -92,9 +90,7 @@ def check_parts(config: Config) -> list[str]:
     if estimator is not None:
         what = f"advantage estimator {alg.advantage!r}"
         options(problems, "algorithm.advantage_options", what, estimator, alg.advantage_options, 2)
-    group_relative = alg.advantage in GROUP_RELATIVE or (
-        alg.advantage == "reinforce_pp" and alg.advantage_options.get("group_baseline")
-    )
+    group_relative = estimator is not None and is_group_relative(estimator, alg.advantage_options)
     if ro.group_size == 1 and group_relative and ro.strategy == "parallel":
         problems.append(
             f"rollout.group_size: 1, but advantage {alg.advantage!r} compares the samples of "
@@ -119,10 +115,6 @@ def check_parts(config: Config) -> list[str]:
     if task is not None:
         options(problems, "task.options", f"task {config.task.name!r}", task, config.task.options)
     return problems
-
-
-# Advantage estimators relative to the group of samples of one prompt (core/advantages.py).
-GROUP_RELATIVE = ("grpo", "dr_grpo", "rloo")
 
 
 def named(problems: list[str], where: str, registry: Any, name: str) -> Any:

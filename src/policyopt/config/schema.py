@@ -82,6 +82,10 @@ class RewardFunctionConfig(Section):
     # Score in a pool of Ray workers (reward.workers): for slow or unsafe functions (code
     # execution, judges). Needs the `ray` extra.
     remote: bool = False
+    # In-process time limit of one call, in seconds (policyopt.rewards.isolation); null: the
+    # function's own `time_limit_s` attribute, else 600. A call past it stops the run with
+    # an error naming the function; remote functions use reward.workers' limit instead.
+    timeout_s: float | None = Field(None, gt=0)
 
 
 class RewardWorkersConfig(Section):

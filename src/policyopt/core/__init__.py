@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from policyopt.core.advantages import (
         ADVANTAGES,
-        advantages_and_metrics,
         compute_advantages,
+        estimator_with_metrics,
     )
     from policyopt.core.aggregation import AGG_MODES, aggregate, global_normalisers
     from policyopt.core.evaluation import avg_at_k, maj_at_k, pass_at_k, pass_at_k_curve
@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
 _HOME = {
     "ADVANTAGES": "advantages",
-    "advantages_and_metrics": "advantages",
     "compute_advantages": "advantages",
+    "estimator_with_metrics": "advantages",
     "AGG_MODES": "aggregation",
     "aggregate": "aggregation",
     "global_normalisers": "aggregation",
@@ -55,11 +55,11 @@ __all__ = [
     "LossInputs",
     "Normalisers",
     "POLICY_LOSSES",
-    "advantages_and_metrics",
     "aggregate",
     "avg_at_k",
     "compute_advantages",
     "compute_policy_loss",
+    "estimator_with_metrics",
     "global_normalisers",
     "kl_penalty",
     "maj_at_k",

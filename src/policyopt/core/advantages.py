@@ -47,32 +47,18 @@ def compute_advantages(name: str, rewards: Tensor, group_ids: Tensor, **options:
     options: keyword options of that estimator (e.g. `eps`, `scale_by_std`); an unknown
     option is an error that lists the valid ones.
     """
-    return apply_estimator(
-        f"advantage estimator {name!r}", ADVANTAGES.get(name), rewards, group_ids, **options
-    )
-
-
-def advantages_and_metrics(
-    name: str, rewards: Tensor, group_ids: Tensor, **options: Any
-) -> tuple[Tensor, dict[str, float]]:
-    """`compute_advantages`, and the metrics the estimator reports ({} for most)."""
+    fn = ADVANTAGES.get(name)
     return estimator_with_metrics(
-        f"advantage estimator {name!r}", ADVANTAGES.get(name), rewards, group_ids, **options
-    )
-
-
-def apply_estimator(
-    what: str, fn: Callable[..., Tensor], rewards: Tensor, group_ids: Tensor, /, **options: Any
-) -> Tensor:
-    """`compute_advantages` for an estimator already looked up (`what` names it in errors)."""
-    return estimator_with_metrics(what, fn, rewards, group_ids, **options)[0]
+        f"advantage estimator {name!r}", fn, rewards, group_ids, **options
+    )[0]
 
 
 def estimator_with_metrics(
     what: str, fn: Callable[..., Any], rewards: Tensor, group_ids: Tensor, /, **options: Any
 ) -> tuple[Tensor, dict[str, float]]:
-    """`apply_estimator`, and the metrics an estimator may report by returning
-    `(advantages, metrics)`."""
+    """Advantages of an estimator already looked up (`what` names it in errors; the one call
+    path, the trainer's included), and the metrics it may report by returning
+    `(advantages, metrics)` ({} for most)."""
     reject_unknown_options(what, fn, options, skip=2)
     rewards, group_ids = check_rewards(rewards, group_ids)
     out = fn(rewards, group_ids, **options)
@@ -225,3 +211,20 @@ def reinforce_pp_advantages(
         constant = rewards.max() == rewards.min()
         x = torch.where(constant, 0.0, rewards - rewards.mean())
     return x / (_batch_std(x) + eps)
+
+
+# Estimators that compare the samples of one prompt with each other declare it (the config
+# check refuses one sample per prompt for them): True, or a function of their options.
+grpo_advantages.group_relative = True  # type: ignore[attr-defined]
+dr_grpo_advantages.group_relative = True  # type: ignore[attr-defined]
+rloo_advantages.group_relative = True  # type: ignore[attr-defined]
+reinforce_pp_advantages.group_relative = lambda options: bool(  # type: ignore[attr-defined]
+    options.get("group_baseline", False)
+)
+
+
+def is_group_relative(estimator: object, options: dict) -> bool:
+    """Whether `estimator` with `options` compares the samples of one prompt (its declared
+    `group_relative`, a bool or a function of its options; absent: no)."""
+    declared = getattr(estimator, "group_relative", False)
+    return bool(declared(options)) if callable(declared) else bool(declared)

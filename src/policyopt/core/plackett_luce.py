@@ -89,28 +89,3 @@ def sample_rankings(
     gumbel = -torch.log(-torch.log(u.clamp(min=torch.finfo(torch.float64).tiny)))
     perturbed = scores.detach().double()[:, None, :] + gumbel
     return perturbed.topk(k, dim=-1).indices
-
-
-def plackett_luce_kl(scores: Tensor, ref_scores: Tensor, rankings: Tensor) -> Tensor:
-    """Exact per-position KL(π(· | L_<t) ‖ π_ref(· | L_<t)) [B, k] between two PL policies
-    with scores [B, n] and ref_scores [B, n], at the prefixes of `rankings` [B, k]: at each
-    position both are softmaxes over the same items not yet placed, so
-    KL_t = Σ_i p_i (log p_i − log q_i) over those items (no sampling: a PL policy knows
-    every conditional distribution; the sampled k1/k3 estimators only estimate it)."""
-    _check(scores, rankings)
-    if ref_scores.shape != scores.shape:
-        raise ValueError(
-            f"ref_scores {tuple(ref_scores.shape)} must have the shape of scores "
-            f"{tuple(scores.shape)}"
-        )
-    b, n = scores.shape
-    k = rankings.shape[1]
-    onehot = torch.zeros(b, k, n, dtype=torch.bool, device=scores.device)
-    onehot.scatter_(2, rankings[:, :, None], True)
-    before = (onehot.cumsum(1) - onehot.long()).bool()
-    logp = torch.log_softmax(scores[:, None, :].expand(b, k, n).masked_fill(before, -torch.inf), -1)
-    logq = torch.log_softmax(
-        ref_scores[:, None, :].expand(b, k, n).masked_fill(before, -torch.inf), -1
-    )
-    diff = (logp - logq).masked_fill(before, 0.0)
-    return (logp.exp() * diff).sum(-1)

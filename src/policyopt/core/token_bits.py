@@ -14,16 +14,6 @@ import torch
 _SHIFTS = torch.arange(32, dtype=torch.int32)
 
 
-def pack_token_bits(allowed: torch.Tensor) -> torch.Tensor:
-    """[..., V] bool -> [..., ceil(V / 32)] int32 words (tokens past V are 0)."""
-    vocab = allowed.shape[-1]
-    words = -(-vocab // 32)
-    padded = torch.nn.functional.pad(allowed.long(), (0, 32 * words - vocab))
-    value = (padded.view(*allowed.shape[:-1], words, 32) << _SHIFTS.long()).sum(-1)
-    # bit 31 is the sign bit of an int32 word (two's complement)
-    return torch.where(value >= 2**31, value - 2**32, value).to(torch.int32)
-
-
 def unpack_token_bits(words: torch.Tensor, vocab: int) -> torch.Tensor:
     """[..., W] int32 words -> [..., vocab] bool, vocab <= 32 W."""
     if vocab > 32 * words.shape[-1]:

@@ -22,6 +22,18 @@ names the function declares with `@produces(...)` (`policyopt.core.structure`). 
 the step's `Rollouts.structure`, where a part that `@needs` them finds them. Plain lists keep
 working (TRL compatibility).
 
+Conversational prompts (TRL's format: a prompt that is a list of `{"role", "content"}`
+messages) are handed to reward functions as those messages, and their completions as
+`[{"role": "assistant", "content": text}]`, as TRL's `GRPOTrainer` does; the registered
+functions and the task verifier read the text either way (`completion_text`).
+
+Every call of a reward function goes through one path (`_score`, used by the pipeline and by
+`score_reward_function`): the call gets its own copies of the prompts, completions, columns
+and extra arguments, so that what it edits reaches no other function and not the logged
+samples; a function that raises, including `sys.exit()`, is a `RewardFunctionError` naming
+it and the first sample that fails alone; a call that does not return within its time limit
+(`policyopt.rewards.isolation`) is a `RewardTimeoutError`.
+
 Named functions live in `REWARD_FUNCTIONS`; `load_reward_function` also takes
 `module.path:function`. `task_reward_function` adapts a task's `verify`.
 """
@@ -29,7 +41,6 @@ Named functions live in `REWARD_FUNCTIONS`; `load_reward_function` also takes
 from __future__ import annotations
 
 import importlib
-import inspect
 import logging
 import math
 import re
@@ -42,6 +53,14 @@ import torch
 
 from policyopt.core.registry import Registry, unknown_name_message
 from policyopt.core.structure import check_declared_made, check_produced
+from policyopt.rewards import isolation
+from policyopt.rewards.calling import (
+    EXTRA_ARGUMENTS,
+    Call,
+    completion_text,
+    keyword_style,
+    own_inputs,
+)
 
 
 class Verifier(Protocol):
@@ -62,6 +81,10 @@ class RewardFunctionError(RuntimeError):
     """A reward function raised, or returned something other than one number per sample."""
 
 
+class RewardTimeoutError(RewardFunctionError):
+    """A reward function call did not return within its time limit."""
+
+
 @dataclass
 class RewardTrainerState:
     """What TRL's `trainer_state` gives reward functions that we have: the step (the trainer
@@ -71,25 +94,28 @@ class RewardTrainerState:
     max_steps: int = 0
 
 
-def _keyword_style(fn: Callable[..., Any]) -> tuple[bool, set[str] | None]:
-    """(call by keyword, the keywords it takes: None for any). By keyword, as TRL does, when
-    `completions` has that name and `prompts` can be passed too (by name or **kwargs);
-    otherwise positionally (e.g. `lambda p, c, **k`)."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):  # a builtin or C callable: no signature to read
-        return False, None
-    named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    any_keyword = any(p.kind is p.VAR_KEYWORD for p in params)
-    by_keyword = "completions" in named and ("prompts" in named or any_keyword)
-    return by_keyword, None if any_keyword else named
+_DEFAULT = object()
 
 
-def call_reward_function(
-    fn: Callable[..., Any], prompts: list[str], completions: list[str], **columns: Any
-) -> Any:
-    """Call `fn` as the pipeline does (TRL's way, by keyword, when its parameters allow)."""
-    return _Call(fn, *_keyword_style(fn), {})(prompts, completions, **columns)
+def score_reward_function(
+    fn: Callable[..., Any],
+    prompts: list[Any],
+    completions: list[str],
+    columns: dict[str, list],
+    *,
+    name: str | None = None,
+    timeout_s: Any = _DEFAULT,
+) -> list[float | None]:
+    """`fn`'s checked values on a batch, through the pipeline's own call path: copies of the
+    inputs, a named error for anything raised (`sys.exit` included) or returned wrong, and a
+    time limit (`timeout_s`; default: the function's `time_limit_s`, else
+    `isolation.DEFAULT_TIMEOUT_S`; None for none)."""
+    name = name or getattr(fn, "__name__", None) or repr(fn)
+    if timeout_s is _DEFAULT:
+        timeout_s = getattr(fn, "time_limit_s", isolation.DEFAULT_TIMEOUT_S)
+    call = Call(fn, *keyword_style(fn), {})
+    values, _ = _score(name, call, prompts, completions, columns, timeout_s)
+    return values
 
 
 @dataclass
@@ -112,7 +138,8 @@ _ENDS_WITH_ANSWER = re.compile(r"A:-?\d+\s*$")
 def format_reward(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
     """1.0 if the completion ends with `A:<int>` (trailing whitespace allowed), else 0.0:
     the answer format of the arithmetic task."""
-    return [1.0 if _ENDS_WITH_ANSWER.search(c) else 0.0 for c in completions]
+    texts = map(completion_text, completions)
+    return [1.0 if _ENDS_WITH_ANSWER.search(c) else 0.0 for c in texts]
 
 
 # ---------------------------------------------------------------------------------------
@@ -164,7 +191,7 @@ def task_reward_function(task: Verifier) -> RewardFunction:
         columns = {
             k: v
             for k, v in kwargs.items()
-            if isinstance(v, list | tuple) and k not in _EXTRA_ARGUMENTS
+            if isinstance(v, list | tuple) and k not in EXTRA_ARGUMENTS
         }
         for column, values in columns.items():
             if len(values) != len(completions):
@@ -172,7 +199,10 @@ def task_reward_function(task: Verifier) -> RewardFunction:
                     f"column {column!r} has {len(values)} values for {len(completions)} completions"
                 )
         return [
-            task.verify(completion, {column: values[i] for column, values in columns.items()})
+            task.verify(
+                completion_text(completion),
+                {column: values[i] for column, values in columns.items()},
+            )
             for i, completion in enumerate(completions)
         ]
 
@@ -207,7 +237,14 @@ class RewardResult:
 class RewardPipeline:
     """Weighted sum of named reward functions: total_i = Σ_f w_f r_f(i), None -> 0."""
 
-    def __init__(self, functions: list[tuple[str, RewardFunction, float]]) -> None:
+    def __init__(
+        self,
+        functions: list[tuple[str, RewardFunction, float]],
+        timeouts: dict[str, float | None] | None = None,
+    ) -> None:
+        """`timeouts`: the time limit of one call of a named function, in seconds (None for
+        none); a function not named has its own `time_limit_s` attribute, else
+        `isolation.DEFAULT_TIMEOUT_S` (a remote pool: none, its chunks have their own)."""
         if not functions:
             raise ValueError("a reward pipeline needs at least one reward function")
         names = [name for name, _, _ in functions]
@@ -222,7 +259,8 @@ class RewardPipeline:
             if not math.isfinite(weight):
                 raise ValueError(f"reward function {name!r} has a non-finite weight {weight}")
         self.functions = [(name, fn, float(weight)) for name, fn, weight in functions]
-        self._styles = {name: _keyword_style(fn) for name, fn, _ in functions}
+        self._styles = {name: keyword_style(fn) for name, fn, _ in functions}
+        self.timeouts = _time_limits(self.functions, timeouts or {})
         # TRL's `trainer_state` as reward functions see it; the trainer moves global_step.
         self.trainer_state = RewardTrainerState()
 
@@ -240,7 +278,7 @@ class RewardPipeline:
         if completion_ids is not None and len(completion_ids) != n:
             raise ValueError(f"{len(completion_ids)} completion_ids for {n} completions")
         for column, values in columns.items():
-            if column in ("prompts", "completions", *_EXTRA_ARGUMENTS):
+            if column in ("prompts", "completions", *EXTRA_ARGUMENTS):
                 raise ValueError(f"column name {column!r} clashes with a reward-function argument")
             if len(values) != n:
                 raise ValueError(f"column {column!r} has {len(values)} values for {n} completions")
@@ -252,8 +290,8 @@ class RewardPipeline:
         if completion_ids is not None:
             extra["completion_ids"] = completion_ids
         for name, fn, weight in self.functions:
-            call = _Call(fn, *self._styles[name], extra)
-            values, made = self._run(name, call, prompts, completions, columns)
+            call = Call(fn, *self._styles[name], extra)
+            values, made = _score(name, call, prompts, completions, columns, self.timeouts[name])
             clash = sorted(set(made) & set(structure))
             if clash:
                 raise RewardFunctionError(
@@ -298,83 +336,121 @@ class RewardPipeline:
             if start is None:
                 continue
             try:
-                start(prompts, completions, **columns)
+                # The inputs the call will get, so that what is started early is what the
+                # call asks for (a pool keys its results by them).
+                own_prompts, own_completions, own_columns = own_inputs(
+                    prompts, completions, columns
+                )
+                start(own_prompts, own_completions, **own_columns)
             except Exception:  # noqa: S112 - __call__ reports it with the sample that fails
                 continue
 
-    @staticmethod
-    def _run(
-        name: str,
-        fn: _Call,
-        prompts: list[str],
-        completions: list[str],
-        columns: dict[str, list],
-    ) -> tuple[list[float | None], dict[str, torch.Tensor]]:
-        """Call `fn` on the batch; on an exception, find the first sample that fails alone.
-        Returns the values and the declared structure the function returned."""
-        try:
-            output = fn(prompts, completions, **columns)
-        except Exception as error:
-            for i, completion in enumerate(completions):
-                row = {key: [vals[i]] for key, vals in columns.items()}
-                try:
-                    fn([prompts[i]], [completion], **row, _sample=i)
-                except Exception as sample_error:
-                    raise RewardFunctionError(
-                        f"reward function {name!r} failed on sample {i} "
-                        f"(completion {completion[:80]!r}): {sample_error!r}"
-                        f"{_where(sample_error)}"
-                    ) from sample_error
-            raise RewardFunctionError(
-                f"reward function {name!r} failed on the batch of {len(completions)} "
-                f"(no single sample fails alone): {error!r}{_where(error)}"
-            ) from error
-        structure = {}
-        if isinstance(output, RewardOutput):
-            output, structure = output.rewards, output.structure
-        if isinstance(output, torch.Tensor):
-            output = output.tolist()
-        elif type(output).__module__ == "numpy":
-            output = list(output)
-        if not isinstance(output, list | tuple):
-            raise RewardFunctionError(
-                f"reward function {name!r} returned {_kind(output)}, not a list of "
-                f"{len(completions)} numbers (one per completion; None for no reward)"
-            )
-        values = list(output)
-        if len(values) != len(completions):
-            raise RewardFunctionError(
-                f"reward function {name!r} returned {len(values)} values for {len(completions)} completions"
-            )
-        return [_as_reward(name, i, v) for i, v in enumerate(values)], _as_structure(
-            name, fn.fn, structure, len(completions)
+
+def _time_limits(
+    functions: list[tuple[str, RewardFunction, float]], given: dict[str, float | None]
+) -> dict[str, float | None]:
+    names = [name for name, _, _ in functions]
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise ValueError(
+            f"time limits for unknown reward functions: {', '.join(map(repr, unknown))} "
+            f"(functions: {', '.join(names)})"
         )
+    limits = {
+        name: given[name]
+        if name in given
+        else getattr(fn, "time_limit_s", isolation.DEFAULT_TIMEOUT_S)
+        for name, fn, _ in functions
+    }
+    for name, limit in limits.items():
+        if limit is not None and not (isinstance(limit, int | float) and limit > 0):
+            raise ValueError(
+                f"the time limit of reward function {name!r} must be > 0 seconds or None, "
+                f"got {limit!r}"
+            )
+    return limits
 
 
-_EXTRA_ARGUMENTS = ("completion_ids", "trainer_state")
+def _limited(name: str, timeout_s: float | None, call: Callable[[], Any]) -> Any:
+    """`call()` within the function's time limit; past it, a `RewardTimeoutError`."""
+    try:
+        return isolation.call_with_time_limit(call, timeout_s, f"reward function {name!r}")
+    except isolation.TimeLimitExceeded as late:
+        what = (
+            "it was stopped"
+            if late.stopped
+            else "it runs on in a thread that cannot be stopped, so the run must end"
+        )
+        raise RewardTimeoutError(
+            f"reward function {name!r} did not return within {late.timeout_s:g} s (its time "
+            f"limit per call); {what}. A slow function can set a longer limit, or run in "
+            "Ray workers (remote: true), where a hung call scores 0 and its worker is replaced"
+        ) from None
 
 
-@dataclass
-class _Call:
-    """One reward function called TRL's way (by keyword, with `completion_ids` and
-    `trainer_state`) or positionally, with only the extra arguments it takes."""
-
-    fn: RewardFunction
-    by_keyword: bool
-    accepts: set[str] | None
-    extra: dict[str, Any]
-
-    def __call__(
-        self, prompts: list[str], completions: list[str], _sample: int | None = None, **columns: Any
-    ) -> Any:
-        extra = {
-            k: v if _sample is None or k != "completion_ids" else [v[_sample]]
-            for k, v in self.extra.items()
-            if self.accepts is None or k in self.accepts
-        }
-        if self.by_keyword:
-            return self.fn(prompts=prompts, completions=completions, **extra, **columns)
-        return self.fn(prompts, completions, **extra, **columns)
+def _score(
+    name: str,
+    fn: Call,
+    prompts: list[Any],
+    completions: list[str],
+    columns: dict[str, list],
+    timeout_s: float | None,
+) -> tuple[list[float | None], dict[str, torch.Tensor]]:
+    """Call `fn` on the batch; on an exception, find the first sample that fails alone.
+    Returns the values and the declared structure the function returned. SystemExit is an
+    exception of the function like any other (a reward must not end the run, with status 0
+    and no checkpoint); KeyboardInterrupt is the user's and passes."""
+    try:
+        output = _limited(name, timeout_s, lambda: fn(prompts, completions, **columns))
+    except RewardTimeoutError:
+        raise  # the batch never ended: scoring each sample would only wait again
+    except (Exception, SystemExit) as error:
+        for i, completion in enumerate(completions):
+            row = {key: [vals[i]] for key, vals in columns.items()}
+            try:
+                _limited(
+                    name,
+                    timeout_s,
+                    lambda i=i, c=completion, row=row: fn([prompts[i]], [c], **row, _sample=i),
+                )
+            except RewardTimeoutError:
+                raise
+            except (Exception, SystemExit) as sample_error:
+                raise RewardFunctionError(
+                    f"reward function {name!r} failed on sample {i} "
+                    f"(completion {completion[:80]!r}): {sample_error!r}"
+                    f"{_where(sample_error)}"
+                ) from sample_error
+        raise RewardFunctionError(
+            f"reward function {name!r} failed on the batch of {len(completions)} "
+            f"(no single sample fails alone): {error!r}{_where(error)}"
+        ) from error
+    n = len(completions)
+    structure = {}
+    if isinstance(output, RewardOutput):
+        output, structure = output.rewards, output.structure
+    if isinstance(output, torch.Tensor):
+        output = output.tolist()
+    elif type(output).__module__ == "numpy":
+        if getattr(output, "ndim", None) == 0:  # a numpy scalar or 0-d array: one number
+            raise RewardFunctionError(
+                f"reward function {name!r} returned a 0-d numpy array ({output.item()!r}: one "
+                f"number), not a list of {n} numbers (one per completion)"
+            )
+        output = list(output)
+    if not isinstance(output, list | tuple):
+        raise RewardFunctionError(
+            f"reward function {name!r} returned {_kind(output)}, not a list of "
+            f"{n} numbers (one per completion; None for no reward)"
+        )
+    values = list(output)
+    if len(values) != n:
+        raise RewardFunctionError(
+            f"reward function {name!r} returned {len(values)} values for {n} completions"
+        )
+    return [_as_reward(name, i, v) for i, v in enumerate(values)], _as_structure(
+        name, fn.fn, structure, n
+    )
 
 
 def _where(error: BaseException) -> str:
@@ -438,11 +514,13 @@ def build_reward_pipeline(
     specs: list[tuple[str, float]],
     task: Verifier | None = None,
     remote: dict[str, dict[str, Any]] | None = None,
+    timeouts: dict[str, float | None] | None = None,
 ) -> RewardPipeline:
     """A pipeline from (name, weight) pairs: the name `task` is `task`'s verifier; any other
     name goes through `load_reward_function` (registered name or `module.path:function`).
     Functions named in `remote` run in a pool of Ray workers (`rewards.remote.RayRewardPool`)
-    with those options."""
+    with those options. `timeouts`: in-process time limits per call, by name
+    (`RewardPipeline`)."""
     functions = []
     for name, weight in specs:
         if name == "task":
@@ -456,4 +534,4 @@ def build_reward_pipeline(
 
             fn = RayRewardPool(name, fn, **remote[name])
         functions.append((name, fn, weight))
-    return RewardPipeline(functions)
+    return RewardPipeline(functions, timeouts)

@@ -59,10 +59,28 @@ class _RewardWorker:
     def pid(self) -> int:
         return os.getpid()
 
-    def score(
-        self, prompts: list[str], completions: list[str], columns: dict[str, list]
-    ) -> list[Any]:
-        return list(self.fn(prompts, completions, **columns))
+    def score(self, prompts: list[Any], completions: list[Any], columns: dict[str, list]) -> Any:
+        """The function's values, called as in-process (TRL's way, by keyword: TRL's own
+        functions take `completions` first). `sys.exit()` in the function is one of its
+        errors, as in-process, not the end of the worker."""
+        from policyopt.rewards.calling import call_reward_function
+
+        try:
+            values = call_reward_function(self.fn, prompts, completions, **columns)
+        except SystemExit as error:
+            raise RuntimeError(f"the reward function called sys.exit({error.code!r})") from None
+        if type(values).__module__ == "numpy" and getattr(values, "ndim", None) == 0:
+            raise TypeError(
+                f"returned a 0-d numpy array ({values.item()!r}: one number), not a list of "
+                f"{len(completions)} numbers (one per completion)"
+            )
+        if type(values).__module__ in ("numpy", "torch"):
+            values = values.tolist()
+        if not isinstance(values, list | tuple):
+            raise TypeError(
+                f"returned a {type(values).__name__}, not a list of {len(completions)} numbers"
+            )
+        return list(values)
 
 
 class RayRewardPool:
@@ -71,6 +89,10 @@ class RayRewardPool:
     Uses the Ray cluster this process is connected to (`ray.init` done by the caller, e.g.
     `ray.init(address="auto")` on a cluster), or starts a local one with `address=None`.
     """
+
+    # No in-process time limit on a call (`RewardPipeline`): each chunk has its own
+    # (`timeout_s`), and a hung worker is killed and replaced, so a call always ends.
+    time_limit_s = None
 
     def __init__(
         self,

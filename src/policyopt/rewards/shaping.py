@@ -54,7 +54,7 @@ class ShapedRound(Protocol):
     rollouts: Rollouts
     group_ids: torch.Tensor  # [N]
     correct: torch.Tensor | None  # [N] bool: M >= reward.correct_threshold
-    prompts: list[str]
+    prompts: list[Any]  # text, or a conversational row's messages
     completions: list[str]
     columns: dict[str, list[Any]]  # each dataset column, one entry per rollout
 
@@ -93,7 +93,7 @@ class ShapingContext:
         return self.batch.correct
 
     @property
-    def prompts(self) -> list[str]:
+    def prompts(self) -> list[Any]:
         return self.batch.prompts
 
     @property

@@ -14,7 +14,7 @@ The child imports only the module's own file and what it imports, not the packag
 an empty namespace module first.
 
 Users: `TimedFunction` (one call at a time, the table reward), and the formula reward's pool
-of parallel workers (`policyopt.tasks.docparse.formula`).
+of parallel workers (`policyopt.envs.docparse.formula`).
 """
 
 from __future__ import annotations

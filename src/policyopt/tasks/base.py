@@ -41,7 +41,7 @@ class Task(ABC):
     # (`tasks.ranking.RankingTask`: its prompts are item ids). `model.name_or_path` names a
     # policy of this kind.
     policy: str = "lm"
-    # The quickstart pipeline of this task's recipes: "rl" (recipes/pipeline.py: SFT, RL,
+    # The quickstart pipeline of this task's recipes: "rl" (pipelines/quickstart.py: SFT, RL,
     # held-out evaluation) or "dmrl" (pipelines/dmrl.py: the long-term predictor,
     # the editor's warm start, DRPO and the deployments).
     pipeline: str = "rl"
@@ -89,6 +89,11 @@ class Task(ABC):
         if value is None:
             return []
         return [value] if isinstance(value, str) else [str(v) for v in value]
+
+    def prompt_messages(self, row: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """A conversational row's prompt as chat messages (TRL's conversational format), or
+        None for a text prompt (`format_prompt`)."""
+        return None
 
     def sft_targets(self, row: dict[str, Any]) -> list[str]:
         """What supervised warm-up imitates for a row; the expert solutions unless a task

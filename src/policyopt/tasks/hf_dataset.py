@@ -6,32 +6,49 @@ columns keep their names, so a TRL reward function written for the file's column
 unchanged. The eval split is a second file (`eval_path`) or a seeded random fraction of the
 train file (`eval_fraction`); with neither, asking for the eval split is an error.
 
-Every row must have a non-empty prompt and, unless a reward function replaces the
-exact-match verifier, a non-null answer; a bad row is a `ValueError` that names the column,
-the file and the row index (counting from 0).
+Every row must have a non-empty prompt of at most `MAX_PROMPT_CHARS` characters and, unless
+a reward function replaces the exact-match verifier, a non-null answer; a bad row is a
+`ValueError` that names the column, the file and the row index (counting from 0). A file
+that cannot be read as rows (empty, a line that is not JSON or not an object, bytes that are
+not UTF-8, a corrupt Parquet file) is one `ValueError` naming the file and, for JSON, the
+line (counting from 1, as editors do), not a parser's traceback.
+
+A prompt may be a list of chat messages (TRL's conversational format, `[{"role": "user",
+"content": ...}, ...]`): `prompt_messages` gives them (with `prompt_template` applied to the
+last user message), the trainer renders them with the tokenizer's chat template
+(`policyopt.train.prompts.encode_prompts`), and reward functions get them as the prompt and
+`[{"role": "assistant", "content": ...}]` as the completion, as TRL does.
 """
 
 from __future__ import annotations
 
-import math
+import json
 import os
 from collections.abc import Callable
 from typing import Any
 
 import datasets
 
+from policyopt.rewards.calling import is_conversational
 from policyopt.rewards.functions import (
     RewardFunction,
-    call_reward_function,
     load_reward_function,
+    score_reward_function,
 )
 from policyopt.tasks.base import TASKS, Task
 
 _LOADERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
+# The longest prompt a row may have, in characters: 2^20, about four characters per token
+# for 262,144 tokens, beyond the positions of any model this trains. A longer prompt is a
+# mistake in the data (a whole document pasted into one row) that would otherwise surface as
+# an out-of-memory error, or a silent truncation, in the middle of a run.
+MAX_PROMPT_CHARS = 1 << 20
+
 
 def load_rows(path: str) -> datasets.Dataset:
-    """All rows of a JSONL/JSON or Parquet file as one `datasets.Dataset`."""
+    """All rows of a JSONL/JSON or Parquet file as one `datasets.Dataset`; a file that has
+    no rows or cannot be read is a `ValueError` naming it (and the line, for JSON)."""
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in _LOADERS:
         raise ValueError(
@@ -39,7 +56,106 @@ def load_rows(path: str) -> datasets.Dataset:
         )
     if not os.path.isfile(path):
         raise FileNotFoundError(f"data file not found: {path}")
-    return datasets.load_dataset(_LOADERS[suffix], data_files=path, split="train")
+    if _LOADERS[suffix] == "json":
+        # The json loader's own errors name neither the file nor the line (an empty file is
+        # a bare StopIteration): the file is read once here first, to say where it is wrong.
+        check_json_rows(path)
+    try:
+        rows = datasets.load_dataset(_LOADERS[suffix], data_files=path, split="train")
+    except Exception as error:  # noqa: BLE001 - the reader's error, in one line
+        reason = (str(error).strip().splitlines() or [""])[0][:200]
+        raise ValueError(
+            f"{path}: cannot read it as {suffix[1:]} rows ({type(error).__name__}: {reason})"
+        ) from None
+    if len(rows) == 0:
+        raise ValueError(f"{path} has no rows")
+    return rows
+
+
+def check_json_rows(path: str) -> None:
+    """Raise a ValueError naming `path` and the line of the first problem: bytes that are not
+    UTF-8, a line that is not JSON, a row that is not a JSON object, or no row at all. A
+    `.json` file that starts with `[` is one JSON array of rows; any other is JSON Lines,
+    read a line at a time."""
+    with open(path, "rb") as f:
+        start = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")[:1]
+    if path.lower().endswith(".json") and start == b"[":
+        with open(path, "rb") as f:
+            raw = f.read()
+        for number, line in enumerate(raw.split(b"\n"), 1):
+            _utf8(line, path, number)
+        try:
+            rows = json.loads(raw.decode("utf-8-sig"))
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f"{path} line {error.lineno}: not valid JSON ({error.msg} at column {error.colno})"
+            ) from None
+        for index, row in enumerate(rows):
+            if not isinstance(row, dict):
+                raise ValueError(
+                    f"{path}: row {index} is a JSON {_json_kind(row)}, not an object "
+                    "(rows count from 0)"
+                )
+        if not rows:
+            raise ValueError(f"{path} has no rows")
+        return
+    count = 0
+    with open(path, "rb") as f:
+        for number, raw_line in enumerate(f, 1):
+            line = _utf8(raw_line, path, number)
+            if number == 1:
+                line = line.lstrip("\ufeff")
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f"{path} line {number}: not valid JSON ({error.msg} at column {error.colno})"
+                ) from None
+            if not isinstance(row, dict):
+                raise ValueError(
+                    f"{path} line {number}: a JSON {_json_kind(row)}, not an object (JSON "
+                    'Lines: one {"column": value, ...} object per line)'
+                )
+            count += 1
+    if count == 0:
+        raise ValueError(f"{path} has no rows (the file is empty or blank)")
+
+
+def _utf8(raw: bytes, path: str, number: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{path} line {number}: not UTF-8 text (byte 0x{raw[error.start]:02x} at column "
+            f"{error.start + 1}); save the file as UTF-8"
+        ) from None
+
+
+def _json_kind(value: Any) -> str:
+    return {list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def prompt_size(value: Any) -> int:
+    """A prompt's length in characters: the text, or the sum of its messages' contents."""
+    if is_conversational(value):
+        return sum(len(str(m.get("content") or "")) for m in value)
+    return len(value) if isinstance(value, str) else len(str(value))
+
+
+def check_prompt_sizes(rows: datasets.Dataset, column: str, path: str) -> None:
+    """Raise a ValueError naming the first row whose prompt is over `MAX_PROMPT_CHARS`."""
+    for index, value in enumerate(rows[column]):
+        size = prompt_size(value)
+        if size > MAX_PROMPT_CHARS:
+            raise ValueError(
+                f"row {index} of {path}: its {column!r} is {size:,} characters, over the limit "
+                f"of {MAX_PROMPT_CHARS:,} (about 4 characters per token for 262,144 tokens, "
+                "more than any model's positions; rows count from 0)"
+            )
 
 
 def check_column(rows: datasets.Dataset, column: str, path: str, allow_empty: bool) -> None:
@@ -51,7 +167,10 @@ def check_column(rows: datasets.Dataset, column: str, path: str, allow_empty: bo
             raise ValueError(f"{path} has no {column!r} column (columns: {columns})")
         raise ValueError(f"row 0 of {path} has no {column!r} column (columns: {columns})")
     for index, value in enumerate(rows[column]):
-        if value is None or (not allow_empty and isinstance(value, str) and not value.strip()):
+        empty = (isinstance(value, str) and not value.strip()) or (
+            isinstance(value, list) and not value
+        )
+        if value is None or (not allow_empty and empty):
             raise ValueError(
                 f"row {index} of {path} has no {column!r} value (missing, null or empty; "
                 f"rows count from 0; columns: {columns})"
@@ -111,6 +230,7 @@ class HFDatasetTask(Task):
     def _load(self, path: str) -> datasets.Dataset:
         rows = load_rows(path)
         check_column(rows, self.prompt_column, path, allow_empty=False)
+        check_prompt_sizes(rows, self.prompt_column, path)
         if self.reward_function is None:
             check_column(rows, self.answer_column, path, allow_empty=True)
         if self.solution_column is not None:
@@ -125,8 +245,32 @@ class HFDatasetTask(Task):
         return self._splits[split]
 
     def format_prompt(self, row: dict[str, Any]) -> str:
+        """The prompt as text. A conversational prompt reaches the model through the chat
+        template (`prompt_messages`); its text here, one `role: content` line per message,
+        is for places without a tokenizer."""
+        messages = self.prompt_messages(row)
+        if messages is not None:
+            return "\n".join(f"{m['role']}: {m['content']}" for m in messages)
+        return self._templated(str(row[self.prompt_column]))
+
+    def prompt_messages(self, row: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """A conversational prompt's messages (copies; `prompt_template` applied to the
+        last user message's content), or None for a text prompt."""
+        value = row[self.prompt_column]
+        if not is_conversational(value):
+            return None
+        # Arrow gives every message every key any message has (None where absent): dropped,
+        # so that chat templates see the messages as written.
+        messages = [{k: v for k, v in m.items() if v is not None} for m in value]
+        users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+        if users:
+            last = messages[users[-1]]
+            last["content"] = self._templated(str(last["content"]))
+        return messages
+
+    def _templated(self, prompt: str) -> str:
         # str.replace, not str.format: prompts and templates may hold LaTeX braces.
-        return self.prompt_template.replace("{prompt}", str(row[self.prompt_column]))
+        return self.prompt_template.replace("{prompt}", prompt)
 
     def extract_answer(self, completion: str) -> str | None:
         """The whole completion, stripped (exact-match tasks have no answer marker)."""
@@ -135,17 +279,15 @@ class HFDatasetTask(Task):
     def verify(self, completion: str, row: dict[str, Any]) -> float | None:
         if self.reward_function is None:
             return 1.0 if completion.strip() == str(row[self.answer_column]).strip() else 0.0
-        return _call_one(self.reward_function, self.format_prompt(row), completion, row)
+        messages = self.prompt_messages(row)
+        prompt = self.format_prompt(row) if messages is None else messages
+        return _call_one(self.reward_function, prompt, completion, row)
 
 
 def _call_one(
-    fn: Callable[..., Any], prompt: str, completion: str, row: dict[str, Any]
+    fn: Callable[..., Any], prompt: Any, completion: str, row: dict[str, Any]
 ) -> float | None:
-    """A TRL reward function applied to one sample."""
+    """A TRL reward function applied to one sample, through the reward pipeline's own call
+    path (copies of the row, a named error, a time limit): None or NaN is no reward."""
     columns = {key: [value] for key, value in row.items()}
-    values = list(call_reward_function(fn, [prompt], [completion], **columns))
-    if len(values) != 1:
-        name = getattr(fn, "__name__", repr(fn))
-        raise ValueError(f"reward function {name!r} returned {len(values)} values for 1 completion")
-    value = None if values[0] is None else float(values[0])
-    return None if value is None or math.isnan(value) else value  # NaN: no reward, as None
+    return score_reward_function(fn, [prompt], [completion], columns)[0]

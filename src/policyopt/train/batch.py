@@ -34,7 +34,7 @@ class Batch:
 
     rollouts: Rollouts
     group_ids: torch.Tensor  # [N] long: rollouts of one prompt share an id
-    prompts: list[str]
+    prompts: list[Any]  # text, or a conversational row's messages
     completions: list[str]
     columns: dict[str, list[Any]]  # each dataset column, one entry per rollout
     rewards: dict[str, torch.Tensor] = field(default_factory=dict)  # REWARD_KEYS
@@ -106,13 +106,6 @@ class Batch:
                 for k in keys
             },
         )
-
-    def groups(self) -> int:
-        return int(torch.unique(self.group_ids).numel())
-
-
-def micro_slices(n: int, size: int) -> list[slice]:
-    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
 def trim(

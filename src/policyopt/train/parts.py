@@ -54,9 +54,8 @@ class Parts:
     annotators: list[Part]
     sampling: SamplingParams
     group_size: int
-    prompts_per_step: int
     chat_template: bool
-    staleness: int  # train on the batch sampled this many steps earlier (trainer/step.py)
+    staleness: int  # train on the batch sampled this many steps earlier (train/step.py)
     # 2. rewards: the verifier pipeline, the task function's name and weight, the shapers
     reward: RewardPipeline
     task_function: str
@@ -91,6 +90,7 @@ def build_parts(config: Config) -> Parts:
         [(f.name, f.weight) for f in rw.functions],
         task,
         remote={f.name: rw.workers.model_dump() for f in rw.functions if f.remote},
+        timeouts={f.name: f.timeout_s for f in rw.functions if f.timeout_s is not None},
     )
     task_name = task_function(config)
     filters = []
@@ -122,7 +122,6 @@ def build_parts(config: Config) -> Parts:
             with_hidden=needs_hidden(config),
         ),
         group_size=ro.group_size,
-        prompts_per_step=ro.prompts_per_step,
         chat_template=config.model.chat_template,
         staleness=ro.staleness,
         reward=reward,

@@ -69,6 +69,35 @@ class StepState:
     stale: deque[tuple[int, Batch | None]] = field(default_factory=deque)
 
 
+@dataclass(frozen=True)
+class RoundPrompts:
+    """A sampling round's prompts as the reward functions see them (their text and their
+    rows' columns), with what scoring a response needs. A strategy that scores partial
+    rollouts (DATPO's tree) is handed `verify`; an engine that passes each finished
+    response on to slow reward functions early is handed `prefetch`: explicit objects that
+    hold what they need, not closures over the rollout stage's locals."""
+
+    texts: list[str]
+    rows: list[dict[str, Any]]
+    tokenizer: Any
+    reward: Any  # the run's RewardPipeline
+
+    def columns(self, idx: list[int]) -> dict[str, list[Any]]:
+        return {c: [self.rows[i][c] for i in idx] for c in self.rows[0]}
+
+    def verify(self, rollouts: Rollouts, prompt_index: torch.Tensor) -> torch.Tensor:
+        """The weighted rewards of (partial) rollouts of prompts `prompt_index`."""
+        idx = prompt_index.tolist()
+        completions = decode(self.tokenizer, rollouts)
+        result = self.reward([self.texts[i] for i in idx], completions, self.columns(idx))
+        return torch.as_tensor(result.total, dtype=torch.float32)
+
+    def prefetch(self, i: int, token_ids: list[int]) -> None:
+        """A response of prompt i ended: slow reward functions may start on it now."""
+        completion = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        self.reward.prefetch([self.texts[i]], [completion], self.columns([i]))
+
+
 @dataclass
 class Times:
     generation: float = 0.0
@@ -180,22 +209,7 @@ def rollout(
     annotators' structure, and the decoded completions."""
     picked = [state.rows[i] for i in indices]
     texts, ids = encode_prompts(parts.task, state.tokenizer, picked, parts.chat_template)
-
-    def columns_of(idx: list[int]) -> dict[str, list[Any]]:
-        return {c: [picked[i][c] for i in idx] for c in picked[0]}
-
-    def verifier(rollouts: Rollouts, prompt_index: torch.Tensor) -> torch.Tensor:
-        """Verifier rewards of partial rollouts, for strategies that need them (trees)."""
-        idx = prompt_index.tolist()
-        completions = decode(state.tokenizer, rollouts)
-        result = parts.reward([texts[i] for i in idx], completions, columns_of(idx))
-        return torch.as_tensor(result.total, dtype=torch.float32)
-
-    def on_finished(i: int, token_ids: list[int]) -> None:
-        """A response of prompt i ended: slow reward functions may start on it now."""
-        completion = state.tokenizer.decode(token_ids, skip_special_tokens=True)
-        parts.reward.prefetch([texts[i]], [completion], columns_of([i]))
-
+    prompts = RoundPrompts(texts, picked, state.tokenizer, parts.reward)
     t0 = time.perf_counter()
     strategy = parts.strategy
     rollouts, prompt_index = strategy.fn(
@@ -203,8 +217,8 @@ def rollout(
         ids,
         parts.sampling,
         group_size=parts.group_size,
-        score=verifier,
-        on_finished=on_finished if parts.prefetch else None,
+        score=prompts.verify,
+        on_finished=prompts.prefetch if parts.prefetch else None,
         **strategy.options,
     )
     n = len(rollouts)
@@ -228,7 +242,7 @@ def rollout(
         group_ids=prompt_index + group_offset,
         prompts=[texts[i] for i in idx],
         completions=decode(state.tokenizer, rollouts),
-        columns=columns_of(idx),
+        columns=prompts.columns(idx),
     )
 
 

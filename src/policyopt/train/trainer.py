@@ -349,10 +349,7 @@ class Trainer:
         with progress_bar(self.console, cfg.progress and self.dist.is_main) as bar:
             task_id = bar.add_task("train", total=cfg.steps, completed=self.step, status="")
             while self.step < last and not self.budget_spent():
-                metrics = self.train_step()
-                self.step += 1
-                self.generated_tokens += int(metrics["generated_tokens"])
-                metrics["generated_tokens_total"] = float(self.generated_tokens)
+                metrics = self.run_step()
                 if self.config.eval.every and self.step % self.config.eval.every == 0:
                     metrics.update(self.evaluate())
                 halt = self._nonfinite_halt()
@@ -397,16 +394,21 @@ class Trainer:
         budget = self.config.train.max_generated_tokens
         return bool(budget) and self.generated_tokens >= budget
 
-    def train_step(self) -> dict[str, float]:
-        """One step (`policyopt.train.step.train_step`), its samples logged; the metrics
-        over all ranks."""
+    def run_step(self) -> dict[str, float]:
+        """One step of the run (`policyopt.train.step.train_step`), its samples logged, and
+        the run's counters moved on (steps done, generated tokens); the metrics over all
+        ranks. `train` calls it in its loop; a benchmark may call it alone."""
         # Reward functions see TRL's trainer_state: the optimizer steps done so far.
         self.reward_fn.trainer_state.global_step = self.step
         self.reward_fn.trainer_state.max_steps = self.config.train.steps
         batch, metrics = train_step(self.parts, self.state)
         if batch is not None and self.config.train.log_samples and self.dist.is_main:
             self._log_samples(batch)
-        return reduce_metrics(self.dist, metrics)
+        metrics = reduce_metrics(self.dist, metrics)
+        self.step += 1  # per-step caches, schedules and shapers' annealing move on
+        self.generated_tokens += int(metrics["generated_tokens"])
+        metrics["generated_tokens_total"] = float(self.generated_tokens)
+        return metrics
 
     def _log_samples(self, batch: Batch) -> None:
         k = min(self.config.train.log_samples, len(batch))

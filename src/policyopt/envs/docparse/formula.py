@@ -141,11 +141,6 @@ def prefetch_formula_rewards(
     _prefetcher().put((keys, timeout_s))
 
 
-def latex_parses(latex: str, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> bool:
-    """Whether latex2sympy2_extended parses `latex` (normalised) within the time limit."""
-    return _checks([(normalise_latex(latex), None)], timeout_s)[0][0]
-
-
 _DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\[", "\\]"), ("\\(", "\\)"))
 _THIN_SPACES = re.compile(r"\\[,;:!]")
 _WHITESPACE = re.compile(r"(\\[A-Za-z]+)?\s+")
