@@ -32,7 +32,7 @@ from rich.console import Console
 from policyopt.config.load import Config
 from policyopt.core.stats import mean_ci
 from policyopt.envs.ads.adsim.search import large_search
-from policyopt.envs.ads.reward import dmrl_lrp_reward
+from policyopt.envs.ads.reward import LRPReward
 from policyopt.envs.ads.skilldoc.scripted import START_DOCUMENT, scripted_edit
 from policyopt.models.threads import apply_num_threads
 from policyopt.pipelines.dmrl import live_options, proposal_summary, run_dmrl_pipeline
@@ -60,11 +60,13 @@ def run_random(config: Config, run_dir: Path) -> dict[str, Any]:
     task = get_task("dmrl_skill", **live_options(config, run_dir)[0])
     env = task.env  # type: ignore[attr-defined]
     per_day = config.rollout.prompts_per_step * config.rollout.group_size
+    reward = LRPReward(task)  # the dmrl_lrp reward of this task's world
     rng = np.random.default_rng([config.train.seed, 11])  # not the day records' stream
     initial = task.value(START_DOCUMENT)  # type: ignore[attr-defined]
     for _ in range(config.train.steps):
         texts = [scripted_edit(env.document, rng).text() + "\n" for _ in range(per_day)]
-        dmrl_lrp_reward(["p"] * per_day, texts, env_key=[task.env_key] * per_day)  # type: ignore[attr-defined]
+        reward(["p"] * per_day, texts)
+        task.end_of_round()
     final = task.value(env.document)  # type: ignore[attr-defined]
     with (run_dir / "dmrl_days.jsonl").open("w") as f:
         for record in env.log:

@@ -16,7 +16,7 @@ import argparse
 import numpy as np
 import torch
 
-from policyopt.envs.ads.reward import dmrl_lrp_reward
+from policyopt.envs.ads.reward import LRPReward
 from policyopt.envs.ads.skilldoc.scripted import START_DOCUMENT, scripted_edit
 from policyopt.tasks.base import get_task
 
@@ -27,11 +27,13 @@ def climb(lrp: str, seed: int, days: int, edits: int) -> list[tuple[int, float, 
         "dmrl_skill", seed=seed, users_per_arm=300, eval_users=1000, first_day=100, lrp_path=lrp
     )
     rng = np.random.default_rng(seed)
+    reward = LRPReward(task)
     start = task.value(START_DOCUMENT)
     out = []
     for day in range(1, days + 1):
         texts = [scripted_edit(task.env.document, rng).text() + "\n" for _ in range(edits)]
-        dmrl_lrp_reward(["p"] * edits, texts, env_key=[task.env_key] * edits)
+        reward(["p"] * edits, texts)
+        task.end_of_round()
         if day % 5 == 0 or day == days:
             rel = task.value(task.env.document) / start - 1
             out.append((day, rel, len(task.env.deployed_days)))

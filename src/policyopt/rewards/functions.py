@@ -517,8 +517,9 @@ def build_reward_pipeline(
     timeouts: dict[str, float | None] | None = None,
 ) -> RewardPipeline:
     """A pipeline from (name, weight) pairs: the name `task` is `task`'s verifier; any other
-    name goes through `load_reward_function` (registered name or `module.path:function`).
-    Functions named in `remote` run in a pool of Ray workers (`rewards.remote.RayRewardPool`)
+    name goes through `load_reward_function` (registered name or `module.path:function`); a
+    registered reward marked `for_task` is a factory built with `task` (a reward of the task's
+    own world, handed it explicitly: DMRL's). Functions named in `remote` run in a pool of Ray workers (`rewards.remote.RayRewardPool`)
     with those options. `timeouts`: in-process time limits per call, by name
     (`RewardPipeline`)."""
     functions = []
@@ -529,6 +530,8 @@ def build_reward_pipeline(
             fn = task_reward_function(task)
         else:
             fn = load_reward_function(name)
+            if getattr(fn, "for_task", False):  # a reward of the task's own world (DMRL's)
+                fn = fn(task)
         if remote and name in remote:
             from policyopt.rewards.remote import RayRewardPool
 

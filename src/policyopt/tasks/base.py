@@ -54,6 +54,12 @@ class Task(ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         return None
 
+    def end_of_round(self) -> None:
+        """A sampling round was scored and shaped: a task with a live world moves it on here
+        (DMRL's environment deploys the day's best edit), so that scoring itself never
+        changes the world. Nothing for a task without one."""
+        return None
+
     @abstractmethod
     def rows(self, split: str) -> datasets.Dataset:
         """Rows of `split` ("train" or "eval"), with the columns named above."""

@@ -162,6 +162,7 @@ def sample(parts: Parts, state: StepState, times: Times) -> tuple[Batch | None, 
             batch = rollout(parts, state, indices, k * state.share, times)
             batch = score(parts, batch, times)
             batch = shape(parts, state, batch)
+            parts.task.end_of_round()  # a live world moves on after its round is scored
             sampled.append(batch)
             keep = group_filter(parts, batch)
             if keep.any():

@@ -1,8 +1,6 @@
-"""Runs and predictors are keyed so that two runs in one process cannot share one."""
+"""Each run's reward is bound to its own world, and loads the predictor at that world's path."""
 
 from __future__ import annotations
-
-import gc
 
 import pytest
 
@@ -11,20 +9,8 @@ from policyopt.envs.ads.adsim.history import make_history
 from policyopt.envs.ads.lrp.features import build_bank
 from policyopt.envs.ads.lrp.io import save_lrp
 from policyopt.envs.ads.lrp.train import LRPTrainConfig, train_lrp
-from policyopt.envs.ads.reward import scorer_for
+from policyopt.rewards.functions import build_reward_pipeline
 from policyopt.tasks.base import get_task
-
-
-@pytest.mark.slow
-def test_tasks_built_one_after_another_get_distinct_keys():
-    # CPython reuses id() once an object is freed: `dmrl-{id(self)}` repeated here.
-    keys = []
-    for _ in range(8):
-        task = get_task("dmrl_skill", users_per_arm=10, eval_users=10)
-        keys.append(task.env_key)
-        del task
-        gc.collect()
-    assert len(set(keys)) == len(keys)
 
 
 def _lrp(path, seed):
@@ -36,12 +22,19 @@ def _lrp(path, seed):
 
 
 @pytest.mark.slow
-def test_the_scorer_is_the_one_at_the_environments_lrp_path(tmp_path):
+def test_two_runs_in_one_process_score_their_own_worlds(tmp_path):
+    """No registry between tasks and rewards: two pipelines built in one process hold two
+    worlds, each with the predictor at its own lrp_path."""
     a, b = _lrp(tmp_path / "a", 0), _lrp(tmp_path / "b", 1)
-    task = get_task("dmrl_skill", users_per_arm=10, eval_users=10, lrp_path=a)
-    first = scorer_for(task.env_key, task.env)
-    task.env.lrp_path = b  # a later run with another predictor, same environment key
-    second = scorer_for(task.env_key, task.env)
-    assert second is not first and second.model is not first.model
-    assert (first.path, second.path) == (a, b)
-    assert scorer_for(task.env_key, task.env) is second  # loaded once per path
+    first = get_task("dmrl_skill", users_per_arm=10, eval_users=10, lrp_path=a)
+    second = get_task("dmrl_skill", users_per_arm=10, eval_users=10, lrp_path=b)
+    fa = build_reward_pipeline([("dmrl_lrp", 1.0)], first).functions[0][1]
+    fb = build_reward_pipeline([("dmrl_lrp", 1.0)], second).functions[0][1]
+    assert fa.env is first.env and fb.env is second.env
+    fa(["p"], ["delete ads 1\n"])
+    fb(["p"], ["delete ads 1\n"])
+    assert (fa.scorer.path, fb.scorer.path) == (a, b)
+    assert fa.scorer.model is not fb.scorer.model
+    loaded = fa.scorer
+    fa(["p"], ["delete ads 1\n"])
+    assert fa.scorer is loaded  # loaded once per path

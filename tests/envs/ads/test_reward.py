@@ -12,7 +12,7 @@ from policyopt.envs.ads.adsim.history import make_history
 from policyopt.envs.ads.lrp.features import build_bank
 from policyopt.envs.ads.lrp.io import load_lrp, save_lrp
 from policyopt.envs.ads.lrp.train import LRPTrainConfig, train_lrp
-from policyopt.envs.ads.reward import dmrl_lrp_reward, lift_rewards
+from policyopt.envs.ads.reward import LRPReward, lift_rewards
 from policyopt.envs.ads.skilldoc.document import parse_edit
 from policyopt.rewards.functions import build_reward_pipeline
 from policyopt.tasks.base import get_task
@@ -53,11 +53,18 @@ COMPLETIONS = [
 ]
 
 
-def test_rewards_structure_and_one_day_per_call(lrp_dir):
+def test_scoring_leaves_the_world_and_the_round_ends_the_day(lrp_dir):
+    """The reward scores the day's proposals and changes nothing of the world; the task
+    ends the day (deploys, logs) when the step's round ends (`Task.end_of_round`)."""
     task = live_task(lrp_dir)
     env = task.env
     n = len(COMPLETIONS)
-    out = dmrl_lrp_reward(["p"] * n, COMPLETIONS, env_key=[task.env_key] * n)
+    before = (env.day, env.document.render(), list(env.recent), len(env.log))
+    out = LRPReward(task)(["p"] * n, COMPLETIONS)
+    assert (env.day, env.document.render(), list(env.recent), len(env.log)) == before
+    again = LRPReward(task)(["p"] * n, COMPLETIONS)  # the same world scores the same
+    assert again.rewards == out.rewards
+    task.end_of_round()
     r, s = out.rewards, out.structure
     r0 = float(s["control_rewards"][0])
     assert (s["control_rewards"] == r0).all() and r0 > 0  # one control for the group
@@ -115,7 +122,8 @@ def test_lift_rewards_by_hand():
 
 def test_all_malformed_still_gives_structure(lrp_dir):
     task = live_task(lrp_dir)
-    out = dmrl_lrp_reward(["p", "p"], ["x\n", "y"], env_key=[task.env_key] * 2)
+    out = LRPReward(task)(["p", "p"], ["x\n", "y"])
+    task.end_of_round()
     r0 = float(out.structure["control_rewards"][0])
     assert out.rewards == pytest.approx([r0 * 0.99, r0 * 0.99])
     assert out.structure["edit_costs"].tolist() == [0.0, 0.0]
@@ -127,7 +135,7 @@ def test_pipeline_hands_structure_to_drpo(lrp_dir):
     task = live_task(lrp_dir)
     pipe = build_reward_pipeline([("dmrl_lrp", 1.0)], task)
     n = len(COMPLETIONS)
-    result = pipe(["p"] * n, COMPLETIONS, {"env_key": [task.env_key] * n})
+    result = pipe(["p"] * n, COMPLETIONS, {"doc": [""] * n})
     assert result.unparseable["dmrl_lrp"] == 0  # invalid edits score, counted in env.log
     adv = compute_advantages(
         "drpo", result.total, torch.zeros(n, dtype=torch.long), **result.structure
@@ -138,7 +146,18 @@ def test_pipeline_hands_structure_to_drpo(lrp_dir):
 def test_missing_lrp_is_a_clear_error():
     task = get_task("dmrl_skill", users_per_arm=40, eval_users=50)
     with pytest.raises(ValueError, match="no trained LRP"):
-        dmrl_lrp_reward(["p"], ["delete ads 1\n"], env_key=[task.env_key])
+        LRPReward(task)(["p"], ["delete ads 1\n"])
+
+
+def test_the_reward_needs_a_live_world():
+    with pytest.raises(ValueError, match="dmrl_lrp scores the edits of a live dmrl_skill task"):
+        build_reward_pipeline([("dmrl_lrp", 1.0)], get_task("arithmetic"))
+
+
+def test_a_round_without_scoring_passes_no_day(lrp_dir):
+    task = live_task(lrp_dir)
+    task.end_of_round()
+    assert task.env.day == 0 and task.env.log == []
 
 
 def test_verify_is_the_true_relative_lift(lrp_dir):

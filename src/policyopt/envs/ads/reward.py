@@ -27,10 +27,13 @@ environment and one day:
 Returned: rewards R_i, structure `control_rewards` (R0 for every row) and `edit_costs`.
 The LRP's memory bank holds the offline history's matured experiments and, as days pass,
 the environment's deployed experiments once matured (never one from the future: the
-bank's `visible` rule). After scoring, the environment deploys the candidate with the best
-predicted lift if it exceeds its `deploy_margin` (`SkillEnv.deploy`): one day per call.
+bank's `visible` rule). The environment deploys the candidate with the best predicted lift
+if it exceeds its `deploy_margin` (`SkillEnv.deploy`): one day per sampling round. Scoring
+itself changes nothing of the world: the reward leaves the day's scored proposals with the
+environment (`SkillEnv.scored`) and the task closes the day when the step's round ends
+(`SkillDocTask.end_of_round`), so an evaluation that scores completions does not move it.
 
-Each call appends one record to `env.log`: counts by status, the mean predicted lift, and
+Each closed day appends one record to `env.log`: counts by status, the mean predicted lift, and
 (when the environment has evaluation users) the TRUE 7-day lift of the proposals and of as
 many random well-formed edits of the same document (the scripted editor, seeded by the
 day), on the same evaluation users. That is evaluation only; nothing of it enters a reward.
@@ -44,13 +47,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from policyopt.core.structure import produces
 from policyopt.envs.ads.adsim.abtest import POPS, Experiment
 from policyopt.envs.ads.lrp.features import MemoryBank, build_bank, build_samples
 from policyopt.envs.ads.lrp.io import load_lrp
 from policyopt.envs.ads.lrp.model import LRP
 from policyopt.envs.ads.skilldoc.document import Edit, read_edit
-from policyopt.envs.ads.skilldoc.env import LIVE_ENVIRONMENTS, SkillEnv
+from policyopt.envs.ads.skilldoc.env import ScoredDay, SkillEnv
 from policyopt.envs.ads.skilldoc.scripted import scripted_edit
 from policyopt.methods.dmrl.edit_cost import EditCost
 from policyopt.rewards.functions import REWARD_FUNCTIONS, RewardOutput
@@ -86,78 +88,81 @@ class Scorer:
         return (self.pop_values(env, experiments) * w[:, None, :]).sum(-1)
 
 
-def scorer_for(env_key: str, env: SkillEnv) -> Scorer:
-    """The environment's scorer, (re)loaded whenever its `lrp_path` is not the one loaded."""
+def load_scorer(env: SkillEnv) -> Scorer:
+    """The frozen LRP at the environment's `lrp_path`, with its edit cost."""
     path = env.lrp_path
     if path is None:
         raise ValueError(
-            f"dmrl_lrp: the dmrl_skill task {env_key} has no trained LRP "
-            "(task.options.lrp_path); `policyopt quickstart dmrl` trains one first"
+            "dmrl_lrp: the dmrl_skill task has no trained LRP (task.options.lrp_path); "
+            "`policyopt quickstart dmrl` trains one first"
         )
-    path = str(Path(path))
-    if env.scorer is None or env.scorer.path != path:
-        model, bank = load_lrp(path)
-        env.scorer = Scorer(path, model, bank, EditCost(env.risk_weights, env.eta))
-    return env.scorer
+    model, bank = load_lrp(path)
+    return Scorer(str(Path(path)), model, bank, EditCost(env.risk_weights, env.eta))
 
 
 @REWARD_FUNCTIONS.register("dmrl_lrp")
-@produces("control_rewards", "edit_costs")
-def dmrl_lrp_reward(
-    prompts: list[str], completions: list[str], *, env_key: list[str], **columns: Any
-) -> RewardOutput:
-    """Predicted long-term rewards, control rewards and edit costs (module docstring)."""
-    if not completions:
-        return RewardOutput([], {"control_rewards": [], "edit_costs": []})
-    if len(set(env_key)) != 1 or env_key[0] not in LIVE_ENVIRONMENTS:
-        raise ValueError(
-            f"dmrl_lrp: rows must come from one live dmrl_skill task, got {set(env_key)}"
+class LRPReward:
+    """The `dmrl_lrp` reward of one live `dmrl_skill` task's world (module docstring). The
+    pipeline builds it with the task (`for_task`), so it reads the world it is handed, never
+    one found by a key. Scoring changes nothing of the world: it leaves the day's scored
+    proposals with the environment, and the task ends the day when the step's round ends
+    (`SkillDocTask.end_of_round` -> `SkillEnv.close_day`)."""
+
+    for_task = True
+    produces = ("control_rewards", "edit_costs")
+
+    def __init__(self, task: Any) -> None:
+        env = getattr(task, "env", None)
+        if not isinstance(env, SkillEnv):
+            raise ValueError(
+                "dmrl_lrp scores the edits of a live dmrl_skill task, not of task "
+                f"{getattr(task, 'name', type(task).__name__)!r}"
+            )
+        self.env = env
+        self.scorer: Scorer | None = None
+
+    def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> RewardOutput:
+        """Predicted long-term rewards, control rewards and edit costs (module docstring)."""
+        env = self.env
+        if not completions:
+            return RewardOutput([], {"control_rewards": [], "edit_costs": []})
+        path = None if env.lrp_path is None else str(Path(env.lrp_path))
+        if self.scorer is None or self.scorer.path != path:  # (re)loaded when the path moves
+            self.scorer = load_scorer(env)
+        scorer = self.scorer
+        read = [read_edit(c, env.document) for c in completions]
+        edits: list[Edit | None] = [e for e, _ in read]
+        valid = [i for i, e in enumerate(edits) if e is not None]
+        arm: dict[str, int] = {}  # distinct edit text -> treatment arm (duplicates share one)
+        for i in valid:
+            arm.setdefault(edits[i].text(), len(arm))  # type: ignore[union-attr]
+        by_text = {edits[i].text(): edits[i] for i in valid}  # type: ignore[union-attr]
+        docs = [env.document.apply(by_text[t]) for t in arm]  # type: ignore[arg-type]
+        # No well-formed edit: an A/A arm still gives the control's predicted value.
+        experiments = env.multi_arm_test(docs or [env.document])
+        pv = scorer.pop_values(env, experiments)  # [K, 2, 4]
+        rows = [None if e is None else arm[e.text()] for e in edits]
+        rewards, r0, lifts = lift_rewards(pv, experiments[0].weights(), rows, env.invalid_penalty)
+        pop_lifts = pv[:, 1] / pv[:, 0] - 1.0  # [K, 4]
+        costs = torch.zeros(len(completions))
+        if valid:
+            ve = [edits[i] for i in valid]
+            olds = [env.document.section_text(e.section) for e in ve]  # type: ignore[union-attr]
+            news = [env.document.apply(e).section_text(e.section) for e in ve]  # type: ignore[union-attr,arg-type]
+            secs = [e.section for e in ve]  # type: ignore[union-attr]
+            acts = [e.action for e in ve]  # type: ignore[union-attr]
+            costs[valid] = scorer.cost(secs, acts, olds, news).float()
+        record = day_record(env, read, [float(lifts[arm[edits[i].text()]]) for i in valid])  # type: ignore[union-attr]
+        best = None
+        if arm:
+            text = max(arm, key=lambda t: lifts[arm[t]])
+            k = arm[text]
+            best = (by_text[text], float(lifts[k]), k, tuple(float(x) for x in pop_lifts[k]))
+        env.scored = ScoredDay(best, record)
+        return RewardOutput(
+            rewards,
+            {"control_rewards": torch.full((len(completions),), r0), "edit_costs": costs},
         )
-    env = LIVE_ENVIRONMENTS[env_key[0]]
-    scorer = scorer_for(env_key[0], env)
-    read = [read_edit(c, env.document) for c in completions]
-    edits: list[Edit | None] = [e for e, _ in read]
-    valid = [i for i, e in enumerate(edits) if e is not None]
-    arm: dict[str, int] = {}  # distinct edit text -> treatment arm (duplicates share one)
-    for i in valid:
-        arm.setdefault(edits[i].text(), len(arm))  # type: ignore[union-attr]
-    by_text = {edits[i].text(): edits[i] for i in valid}  # type: ignore[union-attr]
-    docs = [env.document.apply(by_text[t]) for t in arm]  # type: ignore[arg-type]
-    # No well-formed edit: an A/A arm still gives the control's predicted value.
-    experiments = env.multi_arm_test(docs or [env.document])
-    pv = scorer.pop_values(env, experiments)  # [K, 2, 4]
-    rows = [None if e is None else arm[e.text()] for e in edits]
-    rewards, r0, lifts = lift_rewards(pv, experiments[0].weights(), rows, env.invalid_penalty)
-    pop_lifts = pv[:, 1] / pv[:, 0] - 1.0  # [K, 4]
-    costs = torch.zeros(len(completions))
-    if valid:
-        ve = [edits[i] for i in valid]
-        olds = [env.document.section_text(e.section) for e in ve]  # type: ignore[union-attr]
-        news = [env.document.apply(e).section_text(e.section) for e in ve]  # type: ignore[union-attr,arg-type]
-        secs = [e.section for e in ve]  # type: ignore[union-attr]
-        acts = [e.action for e in ve]  # type: ignore[union-attr]
-        costs[valid] = scorer.cost(secs, acts, olds, news).float()
-    record = day_record(env, read, [float(lifts[arm[edits[i].text()]]) for i in valid])  # type: ignore[union-attr]
-    deployed = False
-    if arm:
-        best = max(arm, key=lambda t: lifts[arm[t]])
-        k = arm[best]
-        pops = tuple(float(x) for x in pop_lifts[k])
-        deployed = env.deploy(by_text[best], float(lifts[k]), k, pops)  # type: ignore[arg-type]
-    else:
-        env.deploy(None, 0.0, 0)
-    record["deployed"] = deployed
-    live = env.platform.live
-    if live is not None and live.records:  # the day the live population just lived
-        day = live.records[-1]
-        record["live"] = {k: day[k] for k in ("value", "churned", "sat", "annoy", "habit")}
-    if env.eval_users is not None:
-        record["deployed_true_value"] = env.true_value(env.document)
-    env.log.append(record)
-    return RewardOutput(
-        rewards,
-        {"control_rewards": torch.full((len(completions),), r0), "edit_costs": costs},
-    )
 
 
 def lift_rewards(

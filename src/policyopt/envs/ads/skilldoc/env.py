@@ -13,15 +13,14 @@ deployed that day (`AdPlatform.advance`, at the end of `deploy`), so tomorrow's 
 draw users that carry what was deployed before. The platform must be at day `first_day`
 when the environment starts (`history.burn_in`); a resumed environment replays its days.
 
-Environments are kept in `LIVE_ENVIRONMENTS` under a key that the task's rows carry (column
-`env_key`, a fresh uuid per task: two runs in one process never share one), so that a reward
-function, which receives columns only, finds the one its prompts came from. The registry
-holds environments weakly: an environment leaves it when its task is freed.
+The environment is an object its task owns; the `dmrl_lrp` reward is built with that task and
+reads this environment directly (no registry, no key in the rows). Scoring leaves the day's
+scored proposals in `scored`; `close_day` (called when the step's round ends) deploys and
+logs, so scoring alone never moves the world.
 """
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +31,6 @@ from policyopt.envs.ads.skilldoc.document import Edit, SkillDocument, parse_docu
 from policyopt.envs.ads.skilldoc.rule_agent import LowerAgent, RuleAgent
 from policyopt.envs.ads.skilldoc.scripted import START_DOCUMENT
 
-LIVE_ENVIRONMENTS: weakref.WeakValueDictionary[str, SkillEnv] = weakref.WeakValueDictionary()
 ONLINE_ID_BASE = 1_000_000  # experiment ids of online A/B tests (offline history below)
 
 
@@ -46,6 +44,16 @@ class Outcome:
     def line(self) -> str:
         pops = " ".join(f"{x * 100:+.1f}" for x in self.pop_lifts)
         return f"{self.lift * 100:+.1f}% {self.edit}" + (f" | pop {pops}" if pops else "")
+
+
+@dataclass
+class ScoredDay:
+    """What the reward made of today's proposals, for `SkillEnv.close_day`: the best arm
+    (edit, predicted lift, arm index, per-population lifts; None when no edit was
+    well-formed) and the day's record for the log."""
+
+    best: tuple[Edit, float, int, tuple[float, ...]] | None
+    record: dict[str, Any]
 
 
 @dataclass(eq=False)
@@ -76,7 +84,8 @@ class SkillEnv:
     # One record per day of what the editor proposed (reward.py): counts by status and,
     # when eval users are set, the proposals' true 7-day lifts over the deployed document.
     log: list[dict[str, Any]] = field(default_factory=list)
-    scorer: Any = field(default=None, repr=False)  # the reward's LRP, bound by lrp_path
+    # Today's scored proposals (the reward's), until `close_day` ends the day with them.
+    scored: ScoredDay | None = field(default=None, repr=False)
     _values: dict[tuple[float, ...], float] = field(default_factory=dict, repr=False)
 
     @property
@@ -138,6 +147,27 @@ class SkillEnv:
             self.recent = [*self.recent, Outcome(edit.text(), lift, pop_lifts)][-self.recent_k :]
         self.end_day(new)
         return deployed
+
+    def close_day(self) -> None:
+        """End the day the reward scored (nothing if none was): deploy its best edit if the
+        margin allows (`deploy`), and log the day's record with what was deployed and, in the
+        live world, the day the population lived."""
+        scored, self.scored = self.scored, None
+        if scored is None:
+            return
+        record = scored.record
+        if scored.best is None:
+            record["deployed"] = self.deploy(None, 0.0, 0)
+        else:
+            edit, lift, arm, pop_lifts = scored.best
+            record["deployed"] = self.deploy(edit, lift, arm, pop_lifts)
+        live = self.platform.live
+        if live is not None and live.records:  # the day the live population just lived
+            day = live.records[-1]
+            record["live"] = {k: day[k] for k in ("value", "churned", "sat", "annoy", "habit")}
+        if self.eval_users is not None:
+            record["deployed_true_value"] = self.true_value(self.document)
+        self.log.append(record)
 
     def end_day(self, tomorrow: SkillDocument) -> None:
         """Today was lived under the deployed document; `tomorrow` is deployed next."""

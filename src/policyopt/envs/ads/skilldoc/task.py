@@ -1,9 +1,10 @@
 """The `dmrl_skill` task: propose one edit of the skill document steering an ad system.
 
 Two kinds of rows:
-- `mode="live"` (training): rows point at a live `SkillEnv` (column `env_key`); the prompt
-  is the environment's current document and recent A/B outcomes, so it changes as edits
-  are deployed. The reward is the `dmrl_lrp` reward function (policyopt.methods.dmrl).
+- `mode="live"` (training): rows stand for the task's live `SkillEnv` (`self.env`); the
+  prompt is the environment's current document and recent A/B outcomes, so it changes as
+  edits are deployed. The reward is `dmrl_lrp` (`policyopt.envs.ads.reward`), built with this
+  task; the day ends when the step's round does (`end_of_round`).
 - `mode="demonstrations"` (warm start): random documents with scripted edits as the SFT
   targets (column `solution`), each prompt fixed in its row.
 
@@ -28,7 +29,6 @@ SmolLM2-135M did not turn into a single parameter (studies/record.md, issue 20).
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import datasets
@@ -38,7 +38,7 @@ from policyopt.envs.ads.adsim.abtest import WORLD_NAMES, AdPlatform
 from policyopt.envs.ads.adsim.history import burn_in
 from policyopt.envs.ads.skilldoc import grammar as _grammar  # noqa: F401  (grammar `skill_edit`)
 from policyopt.envs.ads.skilldoc.document import SkillDocument, parse_document, read_edit
-from policyopt.envs.ads.skilldoc.env import LIVE_ENVIRONMENTS, Outcome, SkillEnv, render_prompt
+from policyopt.envs.ads.skilldoc.env import Outcome, SkillEnv, render_prompt
 from policyopt.envs.ads.skilldoc.rule_agent import LowerAgent, RuleAgent
 from policyopt.envs.ads.skilldoc.scripted import random_document, scripted_edit
 from policyopt.tasks.base import TASKS, Task
@@ -75,7 +75,7 @@ class SkillDocTask(Task):
     name = "dmrl_skill"
     random_start = True
     pipeline = "dmrl"
-    answer_column = "env_key"
+    answer_column = "solution"  # a demonstration's scripted edit (live rows have none)
 
     def __init__(
         self,
@@ -147,16 +147,11 @@ class SkillDocTask(Task):
             invalid_penalty=invalid_penalty,
             eval_users=self.eval_users,
         )
-        # A fresh key per task: id(self) repeats once a task is freed (CPython reuses ids).
-        self.env_key = f"dmrl-{uuid.uuid4().hex}"
-        LIVE_ENVIRONMENTS[self.env_key] = self.env
 
     def rows(self, split: str) -> datasets.Dataset:
         n = self.sizes["train" if split == "train" else "eval"]
         if self.mode == "live":
-            return datasets.Dataset.from_dict(
-                {"prompt": ["live"] * n, "env_key": [self.env_key] * n, "doc": [""] * n}
-            )
+            return datasets.Dataset.from_dict({"prompt": ["live"] * n, "doc": [""] * n})
         rng = np.random.default_rng([self.seed, 5, 0 if split == "train" else 1])
         prompts, docs, solutions = [], [], []
         for _ in range(n):
@@ -172,9 +167,11 @@ class SkillDocTask(Task):
             prompts.append(render_prompt(doc, recent))
             docs.append(doc.render())
             solutions.append(scripted_edit(doc, rng).text() + "\n")
-        return datasets.Dataset.from_dict(
-            {"prompt": prompts, "env_key": [self.env_key] * n, "doc": docs, "solution": solutions}
-        )
+        return datasets.Dataset.from_dict({"prompt": prompts, "doc": docs, "solution": solutions})
+
+    def end_of_round(self) -> None:
+        """The step's round was scored: the live world lives the day (`SkillEnv.close_day`)."""
+        self.env.close_day()
 
     def state_dict(self) -> dict[str, Any]:
         """The live environment's state, so that a resumed run continues the same days."""
