@@ -127,7 +127,10 @@ def test_train_output_dir_and_a_readable_ending(cwd, capsys):
 
 def test_eval_of_a_run_folder_uses_its_checkpoint_config_and_weighted_reward(cwd, capsys):
     run = cwd / "run"
-    extra = ["reward.functions=[{name: task}, {name: format, weight: 0.5}]", "eval.size=4"]
+    extra = [
+        "reward.functions=[{name: task}, {name: arithmetic_format, weight: 0.5}]",
+        "eval.size=4",
+    ]
     assert main([*train_argv(cwd), *extra]) == 0
     capsys.readouterr()
     assert main(["eval", "--model", str(run), "--json-out", str(cwd / "e.json")]) == 0
@@ -190,7 +193,7 @@ def test_config_errors_import_neither_torch_nor_transformers(tmp_path, argv):
 def test_indexed_override_of_a_reward_function_weight():
     from policyopt.config.load import ConfigError, load_config
 
-    listed = "reward.functions=[{name: task}, {name: format, weight: 0.1}]"
+    listed = "reward.functions=[{name: task}, {name: arithmetic_format, weight: 0.1}]"
     config = load_config(None, [listed, "reward.functions.1.weight=0.5"])
     assert [f.weight for f in config.reward.functions] == [1.0, 0.5]
     # the list from the defaults, when the config did not give it

@@ -210,7 +210,7 @@ def test_task_function_names_the_term_shapers_transform(tmp_path):
         "{name: 'rewards_for_tests:digit_fraction'}]"
     )
     assert task_function(load_config(overrides=[functions])) == "rewards_for_tests:char_count"
-    both = load_config(overrides=["reward.functions=[{name: format}, {name: task}]"])
+    both = load_config(overrides=["reward.functions=[{name: arithmetic_format}, {name: task}]"])
     assert task_function(both) == "task"
     with pytest.raises(ConfigError, match="reward.task_function: 'digits' is not one of"):
         load_config(overrides=[functions, "reward.task_function=digits"])

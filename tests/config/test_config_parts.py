@@ -16,7 +16,11 @@ from policyopt.methods import PRESETS
             "rollout.annotators.0.name",
             "hispo_segments",
         ),
-        ("reward.functions=[{name: formatt}]", "reward.functions.0.name", "format"),
+        (
+            "reward.functions=[{name: arithmetic_formatt}]",
+            "reward.functions.0.name",
+            "arithmetic_format",
+        ),
         ("reward.shapers=[{name: garr}]", "reward.shapers.0.name", "gar"),
         ("algorithm.group_filter=docp", "algorithm.group_filter", "docpo"),
         ("algorithm.advantage=rlo", "algorithm.advantage", "rloo"),
@@ -144,7 +148,7 @@ def test_valid_options_and_every_preset_load() -> None:
             "task.options={train_size: 10, ops: ['+']}",
             "algorithm.group_filter=docpo",
             "algorithm.kl_estimator=low_var_kl",
-            "reward.functions=[{name: task}, {name: format, weight: 0.5}]",
+            "reward.functions=[{name: task}, {name: arithmetic_format, weight: 0.5}]",
         ]
     )
     # Options are checked, not converted: the part gets what the user wrote.
@@ -193,7 +197,7 @@ def test_engine_options_are_checked_at_load() -> None:
 @pytest.mark.parametrize(
     ("override", "hint"),
     [
-        ("reward.functions=[format]", "did you mean [{name: format}]"),
+        ("reward.functions=[arithmetic_format]", "did you mean [{name: arithmetic_format}]"),
         ("reward.shapers=[gar]", "did you mean [{name: gar}]"),
         ("rollout.annotators=hispo_segments", "did you mean [{name: hispo_segments}]"),
         ("train.loggers=jsonl", "did you mean [jsonl]"),

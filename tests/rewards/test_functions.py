@@ -11,11 +11,11 @@ from policyopt.rewards import (
     RewardFunctionError,
     RewardPipeline,
     build_reward_pipeline,
-    format_reward,
     load_reward_function,
     task_reward_function,
 )
 from policyopt.tasks import ArithmeticTask
+from policyopt.tasks.arithmetic import arithmetic_format_reward
 
 NOT_CALLABLE = 3
 
@@ -35,13 +35,13 @@ def only_kwargs(prompts, completions, **kwargs):
         ("A:", 0.0),
     ],
 )
-def test_format_reward_by_hand(completion, reward):
-    assert format_reward(["p"], [completion]) == [reward]
+def test_arithmetic_format_reward_by_hand(completion, reward):
+    assert arithmetic_format_reward(["p"], [completion]) == [reward]
 
 
 def test_load_registered_and_module_function():
-    assert "format" in REWARD_FUNCTIONS.names()
-    assert load_reward_function("format") is format_reward
+    assert "arithmetic_format" in REWARD_FUNCTIONS.names()
+    assert load_reward_function("arithmetic_format") is arithmetic_format_reward
     assert load_reward_function(f"{__name__}:only_kwargs") is only_kwargs
 
 
@@ -49,12 +49,13 @@ def test_load_registered_and_module_function():
     ("spec", "message"),
     [
         (
-            "formt",
-            r"unknown reward function 'formt'; did you mean 'format'\?.*format.*module\.path:function",
+            "arithmetic_formt",
+            r"unknown reward function 'arithmetic_formt'; did you mean 'arithmetic_format'\?"
+            r".*arithmetic_format.*module\.path:function",
         ),
         (
             "no_such_module_xyz:f",
-            r"cannot import module 'no_such_module_xyz'.*registered names: .*format",
+            r"cannot import module 'no_such_module_xyz'.*registered names: .*arithmetic_format",
         ),
         (
             "math:no_such_function",
@@ -165,7 +166,7 @@ def test_bad_return_values(values, message):
 
 
 def test_pipeline_input_errors():
-    pipeline = RewardPipeline([("fmt", format_reward, 1.0)])
+    pipeline = RewardPipeline([("fmt", arithmetic_format_reward, 1.0)])
     with pytest.raises(ValueError, match="1 prompts for 2 completions"):
         pipeline(["p"], ["a", "b"], {})
     with pytest.raises(ValueError, match="column 'answer' has 1 values for 2 completions"):
@@ -175,9 +176,11 @@ def test_pipeline_input_errors():
     with pytest.raises(ValueError, match="at least one"):
         RewardPipeline([])
     with pytest.raises(ValueError, match=r"repeated: \['fmt'\]"):
-        RewardPipeline([("fmt", format_reward, 1.0), ("fmt", format_reward, 2.0)])
+        RewardPipeline(
+            [("fmt", arithmetic_format_reward, 1.0), ("fmt", arithmetic_format_reward, 2.0)]
+        )
     with pytest.raises(ValueError, match="non-finite weight"):
-        RewardPipeline([("fmt", format_reward, math.inf)])
+        RewardPipeline([("fmt", arithmetic_format_reward, math.inf)])
     with pytest.raises(ValueError, match="not callable"):
         RewardPipeline([("x", 3, 1.0)])
 
@@ -185,7 +188,7 @@ def test_pipeline_input_errors():
 def test_build_reward_pipeline_with_task_and_registered_names():
     task = ArithmeticTask(train_size=1, eval_size=1)
     pipeline = build_reward_pipeline(
-        [("task", 1.0), ("format", 0.5), (f"{__name__}:only_kwargs", 0.0)], task
+        [("task", 1.0), ("arithmetic_format", 0.5), (f"{__name__}:only_kwargs", 0.0)], task
     )
     result = pipeline(["Q"] * 3, ["A:3", "A:3 ", "oops A:2."], {"answer": ["3", "4", "2"]})
     # task: 1, 0, 1; format: 1, 1, 0 -> 1.5, 0.5, 1.0

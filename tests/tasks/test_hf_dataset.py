@@ -110,7 +110,7 @@ def test_null_answer_is_an_error_unless_a_reward_function_grades(tmp_path):
     path = write_jsonl(tmp_path / "data.jsonl", rows)
     with pytest.raises(ValueError, match="row 2 of .* has no 'gold' value"):
         HFDatasetTask(path, **OPTIONS)
-    task = HFDatasetTask(path, reward_function="format", **OPTIONS)
+    task = HFDatasetTask(path, reward_function="arithmetic_format", **OPTIONS)
     assert task.verify("so A:4", task.rows("train")[2]) == 1.0
 
 

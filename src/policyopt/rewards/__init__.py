@@ -9,7 +9,6 @@ from policyopt.rewards.functions import (
     RewardPipeline,
     RewardResult,
     build_reward_pipeline,
-    format_reward,
     load_reward_function,
     task_reward_function,
 )
@@ -23,7 +22,6 @@ __all__ = [
     "RewardPipeline",
     "RewardResult",
     "build_reward_pipeline",
-    "format_reward",
     "load_reward_function",
     "overlong_penalty",
     "task_reward_function",

@@ -43,7 +43,6 @@ from __future__ import annotations
 import importlib
 import logging
 import math
-import re
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -129,17 +128,6 @@ class RewardOutput:
 
 # ---------------------------------------------------------------------------------------
 # Registered functions
-
-
-_ENDS_WITH_ANSWER = re.compile(r"A:-?\d+\s*$")
-
-
-@REWARD_FUNCTIONS.register("format")
-def format_reward(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
-    """1.0 if the completion ends with `A:<int>` (trailing whitespace allowed), else 0.0:
-    the answer format of the arithmetic task."""
-    texts = map(completion_text, completions)
-    return [1.0 if _ENDS_WITH_ANSWER.search(c) else 0.0 for c in texts]
 
 
 # ---------------------------------------------------------------------------------------

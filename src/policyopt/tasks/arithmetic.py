@@ -27,11 +27,26 @@ from typing import Any
 
 import datasets
 
+from policyopt.rewards.calling import completion_text
+from policyopt.rewards.functions import REWARD_FUNCTIONS
 from policyopt.tasks.base import TASKS, Task
 from policyopt.tasks.options import fraction, int_pair, sizes, split_name, subset
 
 # The final answer: an integer right after the last "A:" of a completion.
 _INTEGER = re.compile(r"\s*(-?\d+)")
+_ENDS_WITH_ANSWER = re.compile(r"A:-?\d+\s*$")
+
+
+@REWARD_FUNCTIONS.register("arithmetic_format")
+def arithmetic_format_reward(
+    prompts: list[str], completions: list[str], **columns: Any
+) -> list[float]:
+    """1.0 if the completion ends with `A:<int>` (trailing whitespace allowed), else 0.0:
+    the arithmetic task's answer format."""
+    texts = map(completion_text, completions)
+    return [1.0 if _ENDS_WITH_ANSWER.search(c) else 0.0 for c in texts]
+
+
 _OPS = ("+", "-", "*")
 
 
