@@ -32,12 +32,12 @@ from rich.console import Console
 from policyopt.config.load import Config
 from policyopt.core.stats import mean_ci
 from policyopt.envs.ads.adsim.search import large_search
-from policyopt.envs.ads.reward import LRPReward
 from policyopt.envs.ads.skilldoc.scripted import START_DOCUMENT, scripted_edit
 from policyopt.models.threads import apply_num_threads
 from policyopt.pipelines.dmrl import live_options, proposal_summary, run_dmrl_pipeline
 from policyopt.recipes import recipe_config
 from policyopt.tasks.base import get_task
+from policyopt.train.parts import build_parts
 from studies.dmrl.ablation import VARIANTS
 
 FROZEN_LR = 1e-12
@@ -57,15 +57,17 @@ def run_random(config: Config, run_dir: Path) -> dict[str, Any]:
     `train.steps` days, `prompts_per_step x group_size` edits a day."""
     apply_num_threads(config.train.num_threads, None)
     start = time.perf_counter()
-    task = get_task("dmrl_skill", **live_options(config, run_dir)[0])
+    live = config.model_copy(deep=True)
+    live.task.options = live_options(config, run_dir)[0]
+    parts = build_parts(live)  # the run's own task and reward pipeline, as training builds them
+    task, reward = parts.task, parts.reward
     env = task.env  # type: ignore[attr-defined]
     per_day = config.rollout.prompts_per_step * config.rollout.group_size
-    reward = LRPReward(task)  # the dmrl_lrp reward of this task's world
     rng = np.random.default_rng([config.train.seed, 11])  # not the day records' stream
     initial = task.value(START_DOCUMENT)  # type: ignore[attr-defined]
     for _ in range(config.train.steps):
         texts = [scripted_edit(env.document, rng).text() + "\n" for _ in range(per_day)]
-        reward(["p"] * per_day, texts)
+        reward(["p"] * per_day, texts, {})
         task.end_of_round()
     final = task.value(env.document)  # type: ignore[attr-defined]
     with (run_dir / "dmrl_days.jsonl").open("w") as f:

@@ -28,7 +28,6 @@ from rich.console import Console
 from policyopt.config.load import load_config
 from policyopt.pipelines.quickstart import warm_started_policy
 from policyopt.recipes import recipe_dict
-from policyopt.rewards.ranking import parse_ranking, ranking_ndcg
 from policyopt.store.metrics_log import read_metrics
 from policyopt.train.trainer import Trainer
 
@@ -41,26 +40,6 @@ COMMON = [
     "train.resume=null",
 ]
 KEYS = ("eval/reward", "eval/parse_rate", "eval/complete_rate", "eval/ndcg_parsed")
-
-
-def parse_metrics(completions: list[str], rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Parse rate, complete rate and mean NDCG@k among the parsed, of greedy completions."""
-    parsed = complete = 0
-    scores: list[float] = []
-    for text, row in zip(completions, rows, strict=True):
-        n = len(row["labels"])
-        ranking = parse_ranking(text, n, row.get("items"))
-        if ranking is None:
-            continue
-        parsed += 1
-        complete += len(ranking) == n
-        scores.append(float(ranking_ndcg(text, row)))
-    total = max(len(rows), 1)
-    return {
-        "eval/parse_rate": parsed / total,
-        "eval/complete_rate": complete / total,
-        "eval/ndcg_parsed": sum(scores) / len(scores) if scores else 0.0,
-    }
 
 
 def run_one(method: str, seed: int, overrides: list[str], console: Console) -> dict[str, Any]:
@@ -77,8 +56,6 @@ def run_one(method: str, seed: int, overrides: list[str], console: Console) -> d
         model, tok, sft = warm_started_policy(config, console)
         t_sft = time.perf_counter() - start
         trainer = Trainer(config, model=model, tokenizer=tok, console=console)
-        # The task reports the parse metrics with every held-out evaluation (this instance).
-        trainer.task.eval_metrics = parse_metrics  # type: ignore[method-assign]
         try:
             first = trainer.evaluate()
             trainer.train()

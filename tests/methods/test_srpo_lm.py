@@ -61,8 +61,8 @@ def test_srpo_advantage_trains_the_lm_reranker(tmp_path):
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
-def test_rerank_study_parse_metrics_by_hand():
-    from studies.srpo.rerank_study import parse_metrics
+def test_rerank_parse_metrics_by_hand():
+    from policyopt.envs.ltr.rerank import parse_metrics
 
     rows = [{"labels": [3.0, 0.0, 2.0, 1.0]}] * 4
     texts = [

@@ -207,11 +207,13 @@ class RewardResult:
     """Rewards of one batch.
 
     total: Σ_f w_f r_f per sample, unparseable values counted as 0; shape [N], float32.
+    weighted: each function's term w_f r_f of that sum ([N], float32; None -> 0).
     raw: each function's values as returned (None kept).
     unparseable: each function's number of None values.
     """
 
     total: torch.Tensor
+    weighted: dict[str, torch.Tensor]
     raw: dict[str, list[float | None]]
     unparseable: dict[str, int]
     # Declared structure the functions returned (`RewardOutput`): [N] or pairwise [N, N].
@@ -271,6 +273,7 @@ class RewardPipeline:
             if len(values) != n:
                 raise ValueError(f"column {column!r} has {len(values)} values for {n} completions")
         total = torch.zeros(n, dtype=torch.float32)
+        weighted: dict[str, torch.Tensor] = {}
         raw: dict[str, list[float | None]] = {}
         unparseable: dict[str, int] = {}
         structure: dict[str, torch.Tensor] = {}
@@ -289,9 +292,10 @@ class RewardPipeline:
             structure.update(made)
             raw[name] = values
             unparseable[name] = sum(v is None for v in values)
-            total += weight * torch.tensor(
+            weighted[name] = weight * torch.tensor(
                 [0.0 if v is None else v for v in values], dtype=torch.float32
             )
+            total += weighted[name]
             if unparseable[name]:
                 logger.debug(
                     "reward %r: %d of %d completions unparseable (scored 0)",
@@ -299,7 +303,9 @@ class RewardPipeline:
                     unparseable[name],
                     n,
                 )
-        return RewardResult(total=total, raw=raw, unparseable=unparseable, structure=structure)
+        return RewardResult(
+            total=total, weighted=weighted, raw=raw, unparseable=unparseable, structure=structure
+        )
 
     def close(self) -> None:
         """Release what functions hold (a Ray pool's workers)."""

@@ -262,10 +262,10 @@ def score(parts: Parts, batch: Batch, times: Times) -> Batch:
         for name, vals in result.raw.items()
     }
     task = values[parts.task_function].float()  # M
-    other = torch.zeros_like(task)
-    for name, _, weight in parts.reward.functions:
+    other = torch.zeros_like(task)  # the other functions' terms, weighted once by the pipeline
+    for name, term in result.weighted.items():
         if name != parts.task_function:
-            other += weight * values[name].float()
+            other += term
     times.scoring += time.perf_counter() - t0
     weighted = torch.as_tensor(result.total, dtype=torch.float32)
     rewards = {f"function/{k}": v for k, v in values.items()}

@@ -91,6 +91,11 @@ class RerankTask(Task):
     def verify(self, completion: str, row: dict[str, Any]) -> float | None:
         return ranking_ndcg(completion, row, self.k)
 
+    def eval_metrics(self, completions: list[str], rows: list[dict[str, Any]]) -> dict[str, float]:
+        """With every held-out evaluation: how many greedy rankings parse, how many are
+        complete, and their NDCG among the parsed (`parse_metrics`)."""
+        return parse_metrics(completions, rows)
+
     def extract_answer(self, completion: str) -> str | None:
         ranking = parse_ranking(completion, 9)
         return None if ranking is None else format_ranking(ranking)
@@ -103,3 +108,24 @@ class RerankTask(Task):
             rng.shuffle(order)
             return [format_ranking(order)]
         return self.expert_solutions(row)
+
+
+def parse_metrics(completions: list[str], rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Parse rate, complete rate (a ranking of every candidate) and mean NDCG@k among the
+    parsed completions."""
+    parsed = complete = 0
+    scores: list[float] = []
+    for text, row in zip(completions, rows, strict=True):
+        n = len(row["labels"])
+        ranking = parse_ranking(text, n, row.get("items"))
+        if ranking is None:
+            continue
+        parsed += 1
+        complete += len(ranking) == n
+        scores.append(float(ranking_ndcg(text, row)))
+    total = max(len(rows), 1)
+    return {
+        "eval/parse_rate": parsed / total,
+        "eval/complete_rate": complete / total,
+        "eval/ndcg_parsed": sum(scores) / len(scores) if scores else 0.0,
+    }
