@@ -11,7 +11,7 @@ from policyopt.core import ADVANTAGES, compute_advantages
 from policyopt.methods.datpo import adaptive_budget
 from policyopt.methods.datpo.diversity import SiblingDiversity, diversity_coef, sibling_distance
 from policyopt.methods.datpo.forks import candidate_scores, choose_forks, sentence_starts
-from policyopt.methods.datpo.tree import siblings, tree_blocks
+from policyopt.methods.datpo.tree_blocks import siblings, tree_blocks
 from policyopt.recipes import recipe_dict
 from policyopt.rewards.shaping import SHAPERS, ShapingContext
 from policyopt.rollout.base import Rollouts

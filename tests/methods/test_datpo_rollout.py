@@ -10,7 +10,7 @@ import torch
 from policyopt.config.load import load_config
 from policyopt.methods.datpo.diversity import policy_block_embeddings
 from policyopt.methods.datpo.strategy import datpo_tree
-from policyopt.methods.datpo.tree import tree_blocks
+from policyopt.methods.datpo.tree_blocks import tree_blocks
 from policyopt.models.embedder import MiniLM, minilm_available
 from policyopt.models.loading import load_model
 from policyopt.models.logprobs import response_logprobs

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from reward_properties import REWARD_SETTINGS, check_reward_function, hostile_text
 
 from policyopt.rewards.functions import task_reward_function
-from policyopt.rewards.ranking import ndcg_reward
+from policyopt.rewards.ranked_text import ndcg_reward
 from policyopt.tasks import get_task
 
 BRACKETS = [

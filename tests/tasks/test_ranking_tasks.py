@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from policyopt.rewards.ranking import ndcg_reward, parse_ranking
+from policyopt.rewards.ranked_text import ndcg_reward, parse_ranking
 from policyopt.tasks import get_task
 from policyopt.tasks.letor import read_letor
 from policyopt.tasks.mslr_data import mslr_paths

@@ -1,6 +1,6 @@
 """Reward functions (TRL's signature), the weighted reward pipeline, and reward shapers."""
 
-from policyopt.rewards import ranking  # noqa: F401  (registers the ndcg rewards)
+from policyopt.rewards import ranked_text  # noqa: F401  (registers the ndcg rewards)
 from policyopt.rewards.functions import (
     REWARD_FUNCTIONS,
     RewardFunction,

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from policyopt.core.ndcg import ndcg
-from policyopt.rewards.ranking import parse_ranking, ranking_ndcg
+from policyopt.rewards.ranked_text import parse_ranking, ranking_ndcg
 from policyopt.tasks.base import TASKS, Task
 from policyopt.tasks.letor import LetorQuery, read_letor
 from policyopt.tasks.mslr_data import mslr_paths

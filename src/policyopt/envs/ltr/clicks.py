@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from policyopt.envs.ltr.synthetic import SyntheticLTRTask
-from policyopt.rewards.ranking import parse_ranking
+from policyopt.rewards.ranked_text import parse_ranking
 from policyopt.tasks.base import TASKS
 
 MAX_LABEL = 4

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from policyopt.envs.ltr.synthetic import LATENT, observed_features
-from policyopt.rewards.ranking import parse_ranking
+from policyopt.rewards.ranked_text import parse_ranking
 from policyopt.tasks.base import TASKS
 from policyopt.tasks.letor import LetorQuery
 from policyopt.tasks.ranking import RankingTask

@@ -22,7 +22,7 @@ from typing import Any
 
 import datasets
 
-from policyopt.rewards.ranking import parse_ranking, ranking_ndcg
+from policyopt.rewards.ranked_text import parse_ranking, ranking_ndcg
 from policyopt.tasks.base import TASKS, Task
 
 BANDS = (1, 5, 15)  # |c − q| at most these: labels 3, 2, 1

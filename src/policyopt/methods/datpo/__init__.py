@@ -4,7 +4,7 @@ Parts, each registered by name:
 - `datpo_tree` rollout strategy (`strategy.py`): N base rollouts, adaptive budget
   (`budget.py`), sentence-entropy forks (`forks.py`), branches from the prefix's KV cache;
 - `datpo` advantage estimator (`advantages.py`): block advantages over the tree
-  (`tree.py`), plus the diversity bonus on positive blocks;
+  (`tree_blocks.py`), plus the diversity bonus on positive blocks;
 - `datpo_diversity` reward shaper (`diversity.py`): λ(step) · sibling cosine distance.
 The update is the existing `ppo_clip` loss with per-token advantages (SPEC §4.6: token ratios,
 block advantages).

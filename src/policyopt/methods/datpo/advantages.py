@@ -27,7 +27,7 @@ from torch import Tensor
 
 from policyopt.core.advantages import ADVANTAGES
 from policyopt.core.structure import needs
-from policyopt.methods.datpo.tree import TreeBlocks, node_values, tree_blocks
+from policyopt.methods.datpo.tree_blocks import TreeBlocks, node_values, tree_blocks
 
 _ROUNDING = 1e-6  # |A| at or below this (times max(1, max |R|)) is rounding: A = 0
 

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from policyopt.core.structure import needs, produces
-from policyopt.methods.datpo.tree import TreeBlocks, siblings, tree_blocks
+from policyopt.methods.datpo.tree_blocks import TreeBlocks, siblings, tree_blocks
 from policyopt.models.embedder import MiniLM, minilm_available
 from policyopt.models.logprobs import response_logprobs
 from policyopt.rewards.shaping import SHAPERS, RewardShaper, ShapingContext

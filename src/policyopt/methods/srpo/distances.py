@@ -34,7 +34,7 @@ from policyopt.core.rank_distance import (
     top_list_pair_distances,
 )
 from policyopt.core.structure import produces
-from policyopt.rewards.ranking import parse_ranking
+from policyopt.rewards.ranked_text import parse_ranking
 from policyopt.rewards.shaping import SHAPERS, RewardShaper, ShapingContext
 from policyopt.rollout.base import Rollouts
 
