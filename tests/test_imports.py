@@ -1,7 +1,7 @@
 """The import graph of `policyopt`, built from the source with `ast`: every import counts
 (top level, inside functions, under `if TYPE_CHECKING:`). No module imports itself back
 through others (no cycle), and imports flow down DESIGN.md's layers: cli, bench, pipelines and
-recipes -> envs (the single-method environments) -> train -> config / store -> methods ->
+recipes -> envs (the single-method environments) -> train -> config -> store -> methods ->
 tasks -> rewards -> rollout -> models -> core. Nothing in the library imports an environment:
 `policyopt.tasks.environments` names them as strings, imported on first use. Benchmark code
 (`policyopt.bench`) is imported by the cli only. The studies (`studies/`, not installed) may
@@ -22,8 +22,8 @@ LAYERS = {
     "recipes": 0,
     "envs": 1,
     "train": 2,
-    "store": 3,
-    "config": 4,
+    "config": 3,
+    "store": 4,
     "methods": 5,
     "tasks": 6,
     "rewards": 7,
