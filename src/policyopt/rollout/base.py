@@ -32,7 +32,9 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     greedy: bool = False
-    # Capture the hidden state entering the LM head for every generated token (GAR).
+    # Capture the hidden state entering the LM head for every generated token (GAR). An
+    # engine that cannot (vllm without its trainer pass) leaves `Rollouts.hidden` None, and
+    # GAR's shaper runs the trainer's trunk over the rollouts it needs instead.
     with_hidden: bool = False
 
 
@@ -42,6 +44,10 @@ class Rollouts:
 
     Layout: `prompt_ids` is left-padded [N, P]; `response_ids` right-padded [N, R]. The EOS
     token that ends a response is part of it (mask 1); positions after it are padding.
+    A multi-turn rollout (`policyopt.rollout.multiturn`) also holds the environment's tokens
+    between the model's turns, with mask 0: the policy reads them (`attention_mask`,
+    `lengths`, the decoded text) but is never trained on them. Only the zeros after a row's
+    last generated token are padding (`response_span`).
     """
 
     prompt_ids: torch.Tensor  # [N, P] long
@@ -53,7 +59,7 @@ class Rollouts:
     truncated: torch.Tensor  # [N] bool: hit max_new_tokens without EOS
     # Tokens the engine actually generated (a tree counts a shared prefix once).
     generated_tokens: int
-    hidden: torch.Tensor | None = None  # [N, R, d] when SamplingParams.with_hidden
+    hidden: torch.Tensor | None = None  # [N, R, d] if SamplingParams.with_hidden (see there)
     # Declared structure (policyopt.core.structure) for later parts of the step: each value
     # is [N] per rollout, [N, R] per token (block ids, segment ids) or [N, N] pairwise.
     structure: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -75,7 +81,9 @@ class Rollouts:
 
     @property
     def lengths(self) -> torch.Tensor:
-        return self.response_mask.sum(-1).long()
+        """Tokens of each response through its last generated one (environment tokens between
+        turns included); the generated tokens alone are `response_mask.sum(-1)`."""
+        return response_span(self.response_mask).sum(-1)
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
@@ -84,7 +92,7 @@ class Rollouts:
         return torch.cat([self.prompt_ids, self.response_ids], dim=1)
 
     def attention_mask(self) -> torch.Tensor:
-        return torch.cat([self.prompt_mask, self.response_mask.long()], dim=1)
+        return torch.cat([self.prompt_mask, response_span(self.response_mask)], dim=1)
 
     def select(self, index: torch.Tensor) -> Rollouts:
         """Rows `index` (a long index or bool mask); token counts stay those generated."""
@@ -120,6 +128,15 @@ class Rollouts:
             structure={**self.structure, **values},
             pairwise=(self.pairwise | names) if pairwise else (self.pairwise - names),
         )
+
+
+def response_span(response_mask: torch.Tensor) -> torch.Tensor:
+    """[N, R] long: 1 from a response's first position through its last generated token.
+
+    Equal to `response_mask` for a response sampled in one piece; in a multi-turn rollout it
+    is also 1 on the environment's tokens between the model's turns (mask 0 there), which the
+    policy reads but does not sample. The zeros after the last generated token are padding."""
+    return (response_mask.flip(-1).cummax(-1).values.flip(-1) > 0).long()
 
 
 def select_structure(value: torch.Tensor, index: torch.Tensor, pairwise: bool) -> torch.Tensor:
@@ -232,6 +249,13 @@ class RolloutEngine(ABC):
     # tree_rollouts: branches from shared prefixes (`policyopt.rollout.tree`: the engine has
     # `model`, `decode` and `generate_with_cache`, which keeps the KV cache of its samples).
     tree_rollouts: bool = False
+    # prefix_continuations: `continue_prefixes` samples from given token prefixes in one call
+    # (the vllm engine: continuation requests that find the prefix in vLLM's prefix cache);
+    # DATPO's tree grows its branches that way on an engine without `tree_rollouts`.
+    prefix_continuations: bool = False
+    # prefix_cache: those continuations find their prefix's KV cached instead of recomputing
+    # it (vLLM's automatic prefix caching on).
+    prefix_cache: bool = False
     # The tokenizer, for strategies that read text (DATPO's sentence forks); None: ids only.
     tokenizer: Any = None
     pad_id: int = 0
@@ -242,6 +266,23 @@ class RolloutEngine(ABC):
         """`generate`, also returning the KV cache of the samples (`tree_rollouts` only)."""
         raise NotImplementedError(
             f"{type(self).__name__} keeps no KV cache of its samples (tree_rollouts is False)"
+        )
+
+    def continue_prefixes(
+        self,
+        prefixes: list[list[int]],
+        budgets: list[int],
+        branches: list[int],
+        params: SamplingParams,
+    ) -> Rollouts:
+        """`branches[j]` continuations of token prefix `prefixes[j]` (a prompt and the part of
+        a response before a fork), at most `budgets[j]` tokens each, rows ordered prefix by
+        prefix (none for 0 branches): `prompt_ids` are the prefixes, the responses the
+        continuations, and `generated_tokens` counts continuation tokens only
+        (`prefix_continuations` only; `policyopt.rollout.tree.sample_branches` is the same
+        contract on the hf engine)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not continue prefixes (prefix_continuations is False)"
         )
 
     @abstractmethod

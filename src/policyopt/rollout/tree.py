@@ -19,6 +19,11 @@ counts the continuation tokens only.
 (With `sample_branches`, the one prefill per fork point is the prefix compute a tree adds;
 `branches_from_cache` avoids it by keeping the bases' caches through scoring.)
 
+An engine without the hf engine's internals that can continue prefixes itself
+(`RolloutEngine.prefix_continuations`: the vllm engine, whose continuation requests find the
+prefix's KV in vLLM's prefix cache) gets `sample_branches`' job handed to its
+`continue_prefixes`, under the same contract.
+
 Continuation j may hold at most `budgets[j]` tokens (so that prefix + continuation stays within
 the response limit); a continuation that reaches its budget without EOS is truncated.
 """
@@ -26,12 +31,12 @@ the response limit); a continuation that reaches its budget without EOS is trunc
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from policyopt.rollout.base import Rollouts, SamplingParams, concat_rollouts
+from policyopt.rollout.base import RolloutEngine, Rollouts, SamplingParams, concat_rollouts
 from policyopt.rollout.hf_engine import (  # the tree is built on the hf engine's internals
     HFEngine,
     KeptCache,
@@ -46,7 +51,7 @@ from policyopt.rollout.hf_engine import (  # the tree is built on the hf engine'
 
 @torch.no_grad()
 def sample_branches(
-    engine: HFEngine,
+    engine: RolloutEngine,
     prefixes: list[list[int]],
     budgets: list[int],
     branches: list[int],
@@ -61,17 +66,22 @@ def sample_branches(
         raise ValueError("sample_branches: prefixes, budgets and branches differ in length")
     if any(b < 1 for b in budgets) or any(c < 0 for c in branches):
         raise ValueError("sample_branches: budgets must be >= 1 and branches >= 0")
+    if not engine.tree_rollouts and engine.prefix_continuations:
+        if not any(branches):
+            raise ValueError("sample_branches: no branches to sample")
+        return engine.continue_prefixes(prefixes, budgets, branches, params)
     _check_engine(engine)
+    hf = cast(HFEngine, engine)  # tree_rollouts: the hf engine's model, decode and batch
 
     def prefill(chunk: list[int]) -> Rollouts:
         """One prefill of the chunk's prefixes; its cache serves every branch."""
-        device = next(engine.model.parameters()).device
-        prefix_ids, prefix_mask = left_pad([prefixes[j] for j in chunk], engine.pad_id)
+        device = next(hf.model.parameters()).device
+        prefix_ids, prefix_mask = left_pad([prefixes[j] for j in chunk], hf.pad_id)
         mask = prefix_mask.to(device)
         pos = positions(mask)
         inputs = {"input_ids": prefix_ids.to(device), "attention_mask": mask, "position_ids": pos}
         return _branches(
-            engine,
+            hf,
             inputs,
             mask,
             pos[:, -1:],
@@ -83,7 +93,7 @@ def sample_branches(
             prefix_mask,
         )
 
-    return _packed(engine, branches, prefill, "sample_branches")
+    return _packed(hf, branches, prefill, "sample_branches")
 
 
 @torch.no_grad()
@@ -142,10 +152,11 @@ def branches_from_cache(
     return _packed(engine, branches, from_cache, "branches_from_cache")
 
 
-def _check_engine(engine: HFEngine) -> None:
+def _check_engine(engine: RolloutEngine) -> None:
     if not engine.tree_rollouts:
         raise TypeError(
-            f"tree rollouts need an engine with tree_rollouts (the 'hf' engine), got {engine!r}"
+            "tree rollouts need an engine with tree_rollouts (the 'hf' engine) or "
+            f"prefix_continuations (the 'vllm' engine), got {engine!r}"
         )
 
 

@@ -17,8 +17,22 @@ What vLLM does not return: the entropy of each step's distribution (it returns t
 log-probs, not the full distribution) and the hidden states. `entropies="trainer"` computes
 the entropies with one no-grad forward of the trainer's model over the batch (what HISPO's
 segments and DATPO's forks are built from); the default `"none"` leaves them out
-(`Rollouts.has_entropies` False) and what needs them raises. Hidden states (GAR) are refused.
-DATPO's tree strategy needs the HF engine's KV-cache continuation and is refused too.
+(`Rollouts.has_entropies` False) and what needs them raises. Hidden states (GAR's shaper,
+`SamplingParams.with_hidden`) come from that same forward when it runs: the trunk's output
+is what the entropies' LM head reads, so keeping it costs no second pass. Without it the
+engine returns none, and GAR's shaper runs the trunk itself over the rollouts it needs (the
+correct ones: methods/gar/shaper.py).
+
+DATPO's tree (`prefix_continuations`): vLLM keeps no KV cache of a finished request that the
+caller could continue from, but its automatic prefix caching (on here unless
+`enable_prefix_caching=False` is passed) keeps the KV blocks of finished requests, generated
+tokens included, keyed by their token ids. A branch is a continuation request whose prompt
+is the prompt + the base response's tokens before the fork (`continue_prefixes`): vLLM finds
+the prefix's full blocks in that cache and computes only the rest (the tail of a partial
+block and the continuation). `prefix_cache_stats` says how many prompt tokens the last call
+found cached; `generated_tokens` counts only the tokens sampled (never a prefix). A block is
+`block_size` tokens (vLLM's default on a CPU: 128; on a GPU: 16): a prefix shorter than one
+block is recomputed whole, so short responses want a smaller `block_size`.
 """
 
 from __future__ import annotations
@@ -61,6 +75,7 @@ class VLLMEngine(RolloutEngine):
     """`RolloutEngine` over an in-process `vllm.LLM` holding a copy of the policy."""
 
     exact_logprobs = False
+    prefix_continuations = True  # continue_prefixes: DATPO's branches (module docstring)
 
     def __init__(
         self,
@@ -107,6 +122,8 @@ class VLLMEngine(RolloutEngine):
             "skip_tokenizer_init": True,
             "logprobs_mode": "processed_logprobs",
             "seed": int(torch.initial_seed() % 2**31),
+            # DATPO's branches find their prefix here (continue_prefixes).
+            "enable_prefix_caching": True,
             **llm_options,
         }
         on_cpu = next(model.parameters()).device.type == "cpu" and not torch.cuda.is_available()
@@ -118,6 +135,9 @@ class VLLMEngine(RolloutEngine):
             options.setdefault("max_lora_rank", _lora_rank_slot(peft.r))
             options.setdefault("max_loras", 1)
         self.llm = vllm.LLM(model=str(Path(self._folder.name) / "base"), **options)
+        self.prefix_cache = bool(self.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching)
+        # (prompt tokens found in vLLM's prefix cache, prompt tokens) of the last call
+        self.prefix_cache_stats = (0, 0)
         self._lora_version = 0
         self._lora_request: Any = None
         if self.lora:
@@ -132,25 +152,53 @@ class VLLMEngine(RolloutEngine):
     ) -> Rollouts:
         if not prompts:
             raise ValueError("generate() got no prompts")
-        if params.with_hidden:
-            raise ValueError(
-                "the vllm engine does not return hidden states, which this run's reward shaper "
-                "needs (GAR): use rollout.engine=hf"
-            )
+        responses = self._sample(prompts, [params.max_new_tokens] * len(prompts), params)
+        rollouts = self._to_rollouts(prompts, responses)
+        if on_finished is not None:  # vLLM returns all at once: the hint comes late
+            for row, r in enumerate(responses):
+                if r.finish_reason == "stop":
+                    on_finished(row, list(r.token_ids))
+        return self._trainer_pass(rollouts, params)
+
+    def continue_prefixes(
+        self,
+        prefixes: list[list[int]],
+        budgets: list[int],
+        branches: list[int],
+        params: SamplingParams,
+    ) -> Rollouts:
+        """`branches[j]` continuations of `prefixes[j]` (`RolloutEngine.continue_prefixes`):
+        one request per branch, each with its own seed, whose prompt is the prefix; vLLM's
+        prefix cache supplies the prefix's KV where it still holds it (module docstring)."""
+        if not (len(prefixes) == len(budgets) == len(branches)):
+            raise ValueError("continue_prefixes: prefixes, budgets and branches differ in length")
+        if any(b < 1 for b in budgets) or any(c < 0 for c in branches):
+            raise ValueError("continue_prefixes: budgets must be >= 1 and branches >= 0")
+        jobs = [j for j, c in enumerate(branches) for _ in range(c)]
+        if not jobs:
+            raise ValueError("continue_prefixes: no branches to sample")
+        prompts = [list(prefixes[j]) for j in jobs]
+        responses = self._sample(prompts, [budgets[j] for j in jobs], params)
+        return self._trainer_pass(self._to_rollouts(prompts, responses), params)
+
+    def _sample(
+        self, prompts: list[list[int]], max_tokens: list[int], params: SamplingParams
+    ) -> list[Any]:
+        """vLLM's completion of each prompt (at most `max_tokens[i]` tokens), in order."""
         vllm = _vllm()
         # Seeds drawn from torch's generator: the trainer's seed fixes what vLLM samples.
         seeds = torch.randint(0, 2**31 - 1, (len(prompts),)).tolist()
         requests = [
             vllm.SamplingParams(
                 n=1,
-                max_tokens=params.max_new_tokens,
+                max_tokens=limit,
                 temperature=0.0 if params.greedy else params.temperature,
                 top_p=1.0 if params.greedy else params.top_p,
                 logprobs=0,
                 stop_token_ids=[self.eos_id],
                 seed=seed,
             )
-            for seed in seeds
+            for limit, seed in zip(max_tokens, seeds, strict=True)
         ]
         outputs = self.llm.generate(
             [vllm.inputs.TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
@@ -158,16 +206,11 @@ class VLLMEngine(RolloutEngine):
             use_tqdm=False,
             lora_request=self._lora_request,
         )
-        responses = [out.outputs[0] for out in outputs]
-        rollouts = self._to_rollouts(prompts, responses)
-        if on_finished is not None:  # vLLM returns all at once: the hint comes late
-            for row, r in enumerate(responses):
-                if r.finish_reason == "stop":
-                    on_finished(row, list(r.token_ids))
-        if self.entropies == "trainer":
-            rollouts.entropies = self._trainer_entropies(rollouts, params)
-            rollouts.has_entropies = True
-        return rollouts
+        self.prefix_cache_stats = (
+            sum(out.num_cached_tokens or 0 for out in outputs),
+            sum(map(len, prompts)),
+        )
+        return [out.outputs[0] for out in outputs]
 
     def _to_rollouts(self, prompts: list[list[int]], responses: list[Any]) -> Rollouts:
         prompt_ids, prompt_mask = left_pad(prompts, self.pad_id)
@@ -196,17 +239,34 @@ class VLLMEngine(RolloutEngine):
             has_entropies=False,
         )
 
+    def _trainer_pass(self, r: Rollouts, params: SamplingParams) -> Rollouts:
+        """`r` with the trainer's entropies (`entropies="trainer"`) and, if `params` asks for
+        them, the hidden states that pass's LM head read (module docstring); unchanged
+        otherwise."""
+        if self.entropies != "trainer":
+            return r
+        r.entropies, hidden = self._trainer_forward(r, params)
+        r.has_entropies = True
+        if params.with_hidden:
+            r.hidden = hidden
+        return r
+
     @torch.no_grad()
-    def _trainer_entropies(self, r: Rollouts, params: SamplingParams) -> torch.Tensor:
-        """Entropy of the trainer's temperature-scaled distribution at each response token."""
+    def _trainer_forward(
+        self, r: Rollouts, params: SamplingParams
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Entropy of the trainer's temperature-scaled distribution at each response token
+        [N, R], and the LM head's inputs there [N, R, d] (float32, on the CPU) when
+        `params.with_hidden`: one no-grad forward, `batch_size` rows at a time."""
         device = next(self.model.parameters()).device
-        out = torch.zeros_like(r.logp)
+        entropies = torch.zeros_like(r.logp)
+        hidden: torch.Tensor | None = None
         was_training = self.model.training
         self.model.eval()
         try:
             for start in range(0, len(r), self.batch_size):
                 rows = slice(start, start + self.batch_size)
-                ent = response_logprobs(
+                out = response_logprobs(
                     self.model,
                     r.input_ids()[rows].to(device),
                     r.attention_mask()[rows].to(device),
@@ -214,11 +274,17 @@ class VLLMEngine(RolloutEngine):
                     temperature=1.0 if params.greedy else params.temperature,
                     chunk_size=self.logit_chunk_size,
                     with_entropy=True,
-                ).entropies
-                out[rows] = ent.float().cpu()
+                    with_hidden=params.with_hidden,
+                )
+                entropies[rows] = out.entropies.float().cpu()
+                if out.hidden is not None:
+                    if hidden is None:
+                        hidden = torch.zeros(*r.logp.shape, out.hidden.shape[-1])
+                    hidden[rows] = out.hidden.float().cpu()
         finally:
             self.model.train(was_training)
-        return out * r.response_mask
+        mask = r.response_mask
+        return entropies * mask, None if hidden is None else hidden * mask[..., None]
 
     # ----------------------------------------------------------------- weights
     def sync_weights(self) -> None:

@@ -11,8 +11,9 @@ from __future__ import annotations
 from policyopt.rewards.functions import REWARD_FUNCTIONS
 from policyopt.rollout.grammar import GRAMMARS
 from policyopt.tasks.base import TASKS
+from policyopt.tasks.environment import ENVIRONMENTS
 
-# DocPO's document parsing (lxml, apted, rapidfuzz, sympy, latex2sympy2, pysbd).
+# DocPO's document parsing (lxml, apted, rapidfuzz, sympy, latex2sympy2).
 DOCPARSE = "policyopt.envs.docparse"
 DOCPARSE_ELEMENTS = ("text", "table", "formula")
 # DMRL's advertising platform, skill document and long-term reward predictor.
@@ -20,6 +21,8 @@ ADS = "policyopt.envs.ads"
 # Learning to rank: synthetic, click and diversity collections, the LM reranker; LightGBM's
 # LambdaRank baseline.
 LTR = "policyopt.envs.ltr"
+# Tasksets written for the `verifiers` package, their tools in multi-turn rollouts.
+VERIFIERS = "policyopt.envs.verifiers_env"
 
 TASKS.lazy("docparse", DOCPARSE, "docpo")
 REWARD_FUNCTIONS.lazy("docparse", DOCPARSE, "docpo")
@@ -33,3 +36,6 @@ GRAMMARS.lazy("skill_edit", ADS, "dmrl")
 
 for _name in ("ltr_synthetic", "ltr_clicks", "ltr_diversity", "rerank"):
     TASKS.lazy(_name, LTR, "rank")
+
+TASKS.lazy("verifiers", VERIFIERS, "verifiers")
+ENVIRONMENTS.lazy("verifiers", VERIFIERS, "verifiers")

@@ -12,6 +12,16 @@ sampling and prefills each fork's prefix once instead (`sample_branches`): less 
 compute, the same branches. A leaf's response holds the whole path, prefix included, with
 the prefix's sampling log-probs and entropies copied from its base.
 
+On the vllm engine (no KV cache of its own samples, `prefix_continuations`) a fork's
+branches are continuation requests whose prompt is the prompt + the base's tokens before the
+fork (`VLLMEngine.continue_prefixes`): vLLM's prefix cache still holds the base's KV blocks,
+so the prefix is found there rather than recomputed (all but its last, partial block), and
+only the continuation tokens count as generated. `reuse_kv_cache=True` needs that cache on
+(`prefix_cache`: the engine enables it unless `enable_prefix_caching=false` is among its
+options); False accepts an engine without it. The forks are chosen from the rollout-time
+entropies, which the vllm engine computes with `entropies=trainer` only: without them the
+strategy refuses (`MissingEntropyError`) rather than fork on zeros.
+
 Returned: every leaf (base rollouts first, then branches) with its prompt index, and in
 `structure["block_ids"]` [N, R] the id of the block each response token belongs to (blocks are
 cut at the forks; a branch's prefix tokens carry its base's ids), which is all the `datpo`
@@ -37,6 +47,7 @@ from policyopt.rollout.base import (
     Rollouts,
     SamplingParams,
     concat_rollouts,
+    require_entropies,
 )
 from policyopt.rollout.strategies import ROLLOUT_STRATEGIES, ScoreFn
 from policyopt.rollout.tree import branches_from_cache, sample_branches
@@ -70,15 +81,17 @@ def datpo_tree(
     pad_id = int(engine.pad_id)
     prompt_of = torch.arange(len(prompts)).repeat_interleave(n_base)  # base row -> prompt
     base_prompts = [p for p in prompts for _ in range(n_base)]
-    if reuse_kv_cache:
-        if not engine.tree_rollouts:
-            raise TypeError(
-                f"datpo_tree with reuse_kv_cache needs the 'hf' engine, got {engine!r}; "
-                "or set reuse_kv_cache=false"
-            )
+    if reuse_kv_cache and not (engine.tree_rollouts or engine.prefix_cache):
+        raise TypeError(
+            "datpo_tree with reuse_kv_cache needs the 'hf' engine or an engine whose "
+            f"continuations find the prefix cached (vllm with prefix caching), got {engine!r}; "
+            "or set reuse_kv_cache=false"
+        )
+    if reuse_kv_cache and engine.tree_rollouts:
         base, kept = engine.generate_with_cache(base_prompts, params)
-    else:
+    else:  # the hf engine's prefill per fork, or the engine's own continuations (vllm)
         base, kept = engine.generate(base_prompts, params), None
+    require_entropies(base, "datpo_tree's forks")
     rewards = score(base, prompt_of).float()
     v_root = torch.zeros(len(prompts)).index_add_(0, prompt_of, rewards) / n_base
     k_b = [adaptive_budget(float(v), k_max, b_max) for v in v_root]  # (K̂, B̂) per prompt
@@ -99,7 +112,7 @@ def datpo_tree(
         cont = branches_from_cache(engine, kept, base, rows, at, budgets, count, params)  # type: ignore[arg-type]
     else:
         cont = sample_branches(
-            engine,  # type: ignore[arg-type]
+            engine,
             [
                 prompts[int(prompt_of[r])] + base.response_ids[r, :t].tolist()
                 for r, t in zip(rows, at, strict=True)

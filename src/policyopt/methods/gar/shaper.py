@@ -2,9 +2,13 @@
 
 Per step, for the rollouts that passed the verifier only (no signal is computed for wrong
 rollouts, nor an anchor for a prompt without a correct rollout):
-1. v_i from the hidden states the rollout engine recorded while sampling (the policy that
-   sampled is the current one: shaping runs before the update). An engine that records none
-   gets one teacher-forced no-grad pass over the correct rollouts instead.
+1. v_i from the hidden states the rollout engine recorded (the policy that sampled is the
+   current one: shaping runs before the update): the hf engine's while sampling, the vllm
+   engine's from the trainer forward that computes its entropies (`entropies=trainer`). An
+   engine that records none (vllm without that pass) gets one no-grad pass of the trainer's
+   trunk over the correct rollouts only, FORWARD_BATCH rows at a time, each cut to the
+   longest span it needs, a group's copies of a prompt run once (`response_hidden`);
+   `gar/rollout_pass_rows` counts its rows (0 when the engine's hidden states served).
 2. v_a for each expert solution of the prompt (column `solution_column`; a list means several
    anchors), from one teacher-forced no-grad pass over [prompt | solution + EOS] under the
    current policy; computed once per (prompt, solution) per step and cached within the step.
@@ -71,8 +75,9 @@ from policyopt.methods.gar.think_format import (
     think_length_penalty,
     think_thresholds,
 )
-from policyopt.models.logprobs import position_ids_from_mask, trunk_of
+from policyopt.models.logprobs import position_ids_from_mask, response_hidden, trunk_of
 from policyopt.rewards.shaping import SHAPERS, RewardShaper, ShapingContext
+from policyopt.rollout.base import Rollouts
 
 FORWARD_BATCH = 32  # sequences per teacher-forced no-grad pass
 
@@ -109,7 +114,7 @@ class GARShaper(RewardShaper):
     think_span, think_penalty, think_relative, think_target_ratio, think_target_range,
     think_hard_ratio, think_fallback (off unless format_tags is set; defaults.py)."""
 
-    needs_hidden = True  # the engine records rollouts.hidden
+    needs_hidden = True  # asks the engine for rollouts.hidden (else its own pass: docstring)
 
     def __init__(
         self,
@@ -207,7 +212,7 @@ class GARShaper(RewardShaper):
         self, rewards: torch.Tensor, ctx: ShapingContext
     ) -> tuple[torch.Tensor, dict[str, float]]:
         correct = ctx.correct.bool().cpu()
-        metrics: dict[str, float] = {"gar/anchor_sequences": 0.0}
+        metrics: dict[str, float] = {"gar/anchor_sequences": 0.0, "gar/rollout_pass_rows": 0.0}
         if self.format_tags is not None:
             parsed = [parse_strict(text, self.format_tags) for text in ctx.completions]
             valid = torch.tensor([p is not None for p in parsed], dtype=torch.bool)
@@ -295,7 +300,8 @@ class GARShaper(RewardShaper):
             self._cache, self._cache_step = {}, ctx.step
         metrics: dict[str, float] = {}
         weight, bias = output_layer(ctx.model)
-        v, fallbacks = self._rollout_signals(rows, ctx, weight, bias)
+        v, fallbacks, pass_rows = self._rollout_signals(rows, ctx, weight, bias)
+        metrics["gar/rollout_pass_rows"] = float(pass_rows)
         if self.pattern is not None or self.think_span:
             metrics["gar/span_fallback_fraction"] = fallbacks / len(rows)
         sets = [self._anchors(ctx, self.solution_column)]
@@ -404,9 +410,9 @@ class GARShaper(RewardShaper):
 
     def _rollout_signals(
         self, rows: torch.Tensor, ctx: ShapingContext, weight: torch.Tensor, bias: Any
-    ) -> tuple[torch.Tensor, int]:
-        """v [K, d] of the rollouts `rows` (on the head's device) and the number of span
-        fallbacks."""
+    ) -> tuple[torch.Tensor, int, int]:
+        """v [K, d] of the rollouts `rows` (on the head's device), the number of span
+        fallbacks, and the rows this call ran the trunk over (0 with recorded hidden states)."""
         r = ctx.rollouts
         lengths = r.lengths[rows].tolist()
         spans, fallbacks = self._spans(
@@ -420,10 +426,8 @@ class GARShaper(RewardShaper):
         device = weight.device
         if r.hidden is not None:
             hidden = r.hidden[rows, :width].to(device)
-        else:  # engines that record no hidden states: one teacher-forced pass
-            hidden = teacher_forced_hidden(
-                ctx.model, r.input_ids()[rows], r.attention_mask()[rows], r.response_ids.shape[1]
-            )[:, :width]
+        else:  # engines that record no hidden states: one pass of the trunk (docstring)
+            hidden = rollout_hidden(ctx.model, r, rows, width).to(device)
         v = batched_gradient_signal(
             hidden,
             span_mask(spans, width).to(device),
@@ -432,7 +436,7 @@ class GARShaper(RewardShaper):
             r.response_ids[rows, :width].to(device),
             self._chunk(ctx),
         )
-        return v, fallbacks
+        return v, fallbacks, 0 if r.hidden is not None else len(rows)
 
     def _answer_ids(
         self, keys: Sequence[tuple[tuple[int, ...], str]], ctx: ShapingContext
@@ -527,6 +531,22 @@ def teacher_forced_hidden(
             use_cache=False,
         )
     return out.last_hidden_state[:, -width:]
+
+
+def rollout_hidden(model: nn.Module, r: Rollouts, rows: torch.Tensor, width: int) -> torch.Tensor:
+    """The LM head's inputs [K, width, d] at the first `width` response tokens of rollouts
+    `rows`: no-grad trunk passes in eval mode over [prompt | those tokens], FORWARD_BATCH rows
+    at a time, rows with the same prompt sharing its pass (`response_hidden`), as the
+    trainer's `response_logprobs` computes them."""
+    device = next(model.parameters()).device
+    cut = r.prompt_ids.shape[1] + width  # nothing past the longest span is needed
+    ids, mask = r.input_ids()[rows, :cut], r.attention_mask()[rows, :cut]
+    parts = []
+    with torch.no_grad(), _eval_mode(model):
+        for start in range(0, len(rows), FORWARD_BATCH):
+            part = slice(start, start + FORWARD_BATCH)
+            parts.append(response_hidden(model, ids[part].to(device), mask[part].to(device), width))
+    return torch.cat(parts)
 
 
 def _pack(
