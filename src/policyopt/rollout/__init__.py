@@ -1,7 +1,8 @@
 """Rollout engines: batched sampling (`hf`), vLLM (`vllm`), and the interface they implement."""
 
-from policyopt.rollout import (  # noqa: F401  (registers "hf", "pl", "vllm", "parallel")
+from policyopt.rollout import (  # noqa: F401  (registers the engines and strategies)
     hf_engine,
+    multiturn,
     pl_engine,
     strategies,
     vllm_engine,

@@ -41,6 +41,10 @@ class Task(ABC):
     # (`tasks.ranking.RankingTask`: its prompts are item ids). `model.name_or_path` names a
     # policy of this kind.
     policy: str = "lm"
+    # The JSON schemas of the tools its environment offers (multi-turn rollouts,
+    # `policyopt.tasks.environment`), for chat templates that list them in the prompt
+    # (`apply_chat_template(..., tools=...)`); empty for none.
+    tools: tuple[dict[str, Any], ...] = ()
     # The quickstart pipeline of this task's recipes: "rl" (pipelines/quickstart.py: SFT, RL,
     # held-out evaluation) or "dmrl" (pipelines/dmrl.py: the long-term predictor,
     # the editor's warm start, DRPO and the deployments).

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from policyopt.rollout.base import Rollouts, concat_rollouts
+from policyopt.rollout.base import Rollouts, concat_rollouts, response_span
 
 # The named entries of `Batch.rewards` (each [N]); also `function/<name>` per reward function
 # (its value, None as 0, float64 as the function returned it) and `term/<name>` per additive
@@ -116,14 +116,16 @@ def trim(
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Drop all-padding columns (left of prompts, right of responses) of a micro-batch.
 
-    Returns (input_ids, attention_mask, response_width).
+    Returns (input_ids, attention_mask, response_width). The attention mask covers each
+    response through its last generated token (`response_span`): a multi-turn rollout's
+    environment tokens, response mask 0, are read though they are not trained on.
     """
     keep_p = prompt_mask.any(0).nonzero()
     start = int(keep_p[0]) if len(keep_p) else prompt_mask.shape[1]
     used = response_mask.any(0).nonzero()
     width = int(used[-1]) + 1 if len(used) else 1
     ids = torch.cat([prompt_ids[:, start:], response_ids[:, :width]], 1)
-    mask = torch.cat([prompt_mask[:, start:], response_mask[:, :width].long()], 1)
+    mask = torch.cat([prompt_mask[:, start:], response_span(response_mask[:, :width])], 1)
     return ids, mask, width
 
 

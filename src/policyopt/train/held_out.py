@@ -24,6 +24,10 @@ from policyopt.train.prompts import decode, encode_prompts
 
 # A summary of the greedy responses: (name, per-response values of one generation batch).
 ResponseSummary = tuple[str, Callable[[Rollouts], list[float]]]
+# How held-out responses are sampled when not by `engine.generate(prompts, params)` alone:
+# (engine, prompts, params) -> rollouts, one per prompt (the `multi_turn` strategy's
+# episodes, with the run's environment).
+Generate = Callable[[RolloutEngine, list[list[int]], SamplingParams], Rollouts]
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,7 @@ class EvalSettings:
     correct_threshold: float
     progress: bool
     summaries: list[ResponseSummary] = field(default_factory=list)
+    generate: Generate | None = None  # None: the engine's own `generate`
 
 
 def evaluate_run(
@@ -67,6 +72,7 @@ def evaluate_run(
         console=console,
         progress=settings.progress,
         reward_fn=reward_fn,
+        generate=settings.generate,
     )
 
 
@@ -86,6 +92,7 @@ def evaluate(
     console: Console | None = None,
     progress: bool = False,
     reward_fn: Callable[..., Any] | None = None,
+    generate: Generate | None = None,
 ) -> dict[str, float]:
     """Greedy accuracy over `rows`, and the greedy responses' median length in tokens and
     the median of each of `summaries` (`eval/<name>_median`: e.g. HISPO's segments per
@@ -94,7 +101,8 @@ def evaluate(
     is correct (module docstring). `progress`: a bar (plain lines off a terminal) of the
     completions generated so far. `reward_fn` (the run's `RewardPipeline`): also
     `eval/weighted_reward`, the mean of the run's weighted reward on the greedy completions
-    (`eval/reward` is the task's own check alone)."""
+    (`eval/reward` is the task's own check alone). `generate`: how responses are sampled,
+    when not by the engine alone (a multi-turn run's episodes)."""
     picked = [rows[i] for i in range(len(rows))]
     prompts, ids = encode_prompts(task, tokenizer, picked, chat)
     with progress_bar(console, progress, plain=True) as bar:  # may run under train's bar
@@ -106,6 +114,7 @@ def evaluate(
             ids,
             SamplingParams(max_new_tokens=max_new_tokens, greedy=True),
             lambda n: bar.update(bar_id, advance=n),
+            generate,
         )
         sampled = []
         if samples > 0:
@@ -116,6 +125,7 @@ def evaluate(
                 [p for p in ids for _ in range(samples)],
                 SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature),
                 lambda n: bar.update(bar_id, advance=n),
+                generate,
             )
     scores = [task.verify(t, row) or 0.0 for t, row in zip(texts, picked, strict=True)]
     out = {"eval/accuracy": sum(s >= correct_threshold for s in scores) / len(scores)}
@@ -183,16 +193,19 @@ def _generate(
     ids: list[list[int]],
     params: SamplingParams,
     done: Callable[[int], None],
+    generate: Generate | None = None,
 ) -> tuple[list[str], list[Any]]:
     """Decoded completions of `ids` and the rollouts of each batch, generated in the
     engine's own batches (so the results are those of one call) and reported batch by
-    batch to `done`."""
+    batch to `done`; by `generate` when given (`EvalSettings.generate`)."""
     step = getattr(engine, "batch_size", None) or len(ids) or 1
     texts: list[str] = []
     parts: list[Any] = []
     for start in range(0, len(ids), step):
         part = ids[start : start + step]
-        rollouts = engine.generate(part, params)
+        rollouts = (
+            engine.generate(part, params) if generate is None else generate(engine, part, params)
+        )
         texts += decode(tokenizer, rollouts)
         parts.append(rollouts)
         done(len(part))

@@ -160,7 +160,16 @@ def eval_settings(config: Config) -> EvalSettings:
         correct_threshold=config.reward.correct_threshold,
         progress=config.train.progress,
         summaries=response_summaries(config),
+        generate=held_out_generation(config),
     )
+
+
+def held_out_generation(config: Config) -> Callable[..., Any] | None:
+    """How held-out evaluation samples, for a strategy that declares it (`held_out`: the
+    `multi_turn` strategy plays episodes with the run's environment), with the run's
+    strategy options; None: the engine's own `generate`."""
+    fn = getattr(ROLLOUT_STRATEGIES.get(config.rollout.strategy), "held_out", None)
+    return None if fn is None else partial(fn, **config.rollout.strategy_options)
 
 
 def response_summaries(config: Config) -> list[ResponseSummary]:

@@ -72,19 +72,25 @@ def encode_prompts(
         if messages is not None:
             _check_chat_template(tokenizer)
             prompts.append(messages)
-            ids.append(_chat_ids(tokenizer, messages))
+            ids.append(_chat_ids(tokenizer, messages, task.tools))
             continue
         text = task.format_prompt(row)
         prompts.append(text)
         if chat:
-            ids.append(_chat_ids(tokenizer, [{"role": "user", "content": text}]))
+            ids.append(_chat_ids(tokenizer, [{"role": "user", "content": text}], task.tools))
         else:
             ids.append(tokenizer(text, add_special_tokens=False)["input_ids"])
     return prompts, ids
 
 
-def _chat_ids(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
-    x = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+def _chat_ids(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: tuple[dict[str, Any], ...] = ()
+) -> list[int]:
+    """The prompt through the chat template, with the task's tools (their JSON schemas) for
+    templates that list them (`apply_chat_template(..., tools=...)`)."""
+    x = tokenizer.apply_chat_template(
+        messages, tools=list(tools) or None, add_generation_prompt=True, tokenize=True
+    )
     # Recent transformers return a BatchEncoding (a mapping), older ones a list of ids.
     return list(x["input_ids"]) if hasattr(x, "keys") else list(x)
 
