@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from reward_properties import REWARD_SETTINGS, check_reward_function, hostile_text
 
 from policyopt.envs.docparse.reward import docparse_reward_function
-from policyopt.rewards import format_reward, task_reward_function
+from policyopt.rewards import task_reward_function
+from policyopt.tasks.arithmetic import arithmetic_format_reward
 from policyopt.tasks import get_task
 
 ARITHMETIC = ["A:", "A:-", "A:23", "=", "+", "-", ". ", "7+12=19", "99999999999999999999", "\n"]
@@ -113,8 +114,8 @@ def bound(n: int) -> float:
 
 @REWARD_SETTINGS
 @given(batches(hostile_text(ARITHMETIC)))
-def test_format_reward_properties(completions):
-    check_reward_function(format_reward, completions, {}, low=0.0, high=1.0, seconds=2.0)
+def test_arithmetic_format_reward_properties(completions):
+    check_reward_function(arithmetic_format_reward, completions, {}, low=0.0, high=1.0, seconds=2.0)
 
 
 @REWARD_SETTINGS
