@@ -12,8 +12,8 @@ from reward_properties import REWARD_SETTINGS, check_reward_function, hostile_te
 
 from policyopt.envs.docparse.reward import docparse_reward_function
 from policyopt.rewards import task_reward_function
-from policyopt.tasks.arithmetic import arithmetic_format_reward
 from policyopt.tasks import get_task
+from policyopt.tasks.arithmetic import arithmetic_format_reward
 
 ARITHMETIC = ["A:", "A:-", "A:23", "=", "+", "-", ". ", "7+12=19", "99999999999999999999", "\n"]
 LATEX = [
