@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from policyopt.rollout.base import RolloutEngine, Rollouts, SamplingParams
-from policyopt.tasks.environment import Environment, Episode, Reply
+from policyopt.rollout.environment import Environment, Episode, Reply
 
 
 def logp_of(position: int) -> float:

@@ -12,7 +12,7 @@ import torch
 from test_distributed import TIMEOUT, env, torchrun
 
 from policyopt.config.load import load_config
-from policyopt.tasks.environment import ENVIRONMENTS, Environment, Episode, Reply
+from policyopt.rollout.environment import ENVIRONMENTS, Environment, Episode, Reply
 from policyopt.train.step import train_step
 from policyopt.train.trainer import Trainer
 from run_configs import small_overrides

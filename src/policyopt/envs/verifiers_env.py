@@ -52,9 +52,9 @@ from verifiers.v1.utils.decorators import discover_decorated
 from verifiers.v1.utils.generic import concrete_type
 from verifiers.v1.utils.loaders import taskset_class
 
+from policyopt.rollout.environment import ENVIRONMENTS
 from policyopt.rollout.tool_calls import TOOL_CALL_FORMATS, MalformedToolCall
 from policyopt.tasks.base import TASKS, Task
-from policyopt.tasks.environment import ENVIRONMENTS
 from policyopt.tasks.options import split_name
 from policyopt.tasks.tool_environment import Tool, ToolEnvironment
 

@@ -44,14 +44,14 @@ import torch
 
 from policyopt.core.structure import needs, produces
 from policyopt.rollout.base import FinishedFn, RolloutEngine, Rollouts, SamplingParams
-from policyopt.rollout.strategies import ROLLOUT_ANNOTATORS, ROLLOUT_STRATEGIES, ScoreFn
-from policyopt.tasks.environment import (
+from policyopt.rollout.environment import (
     Environment,
     EnvironmentName,
     Episode,
     Message,
     get_environment,
 )
+from policyopt.rollout.strategies import ROLLOUT_ANNOTATORS, ROLLOUT_STRATEGIES, ScoreFn
 
 
 @dataclass

@@ -37,9 +37,9 @@ from typing import Any
 
 import datasets
 
+from policyopt.rollout.environment import ENVIRONMENTS
 from policyopt.rollout.tool_calls import TOOL_CALL_FORMATS, ToolCall
 from policyopt.tasks.base import TASKS, Task
-from policyopt.tasks.environment import ENVIRONMENTS
 from policyopt.tasks.options import fraction, sizes, split_name
 from policyopt.tasks.tool_environment import Tool, ToolEnvironment
 

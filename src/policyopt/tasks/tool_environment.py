@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from policyopt.rewards.isolation import TimeLimitExceeded, call_with_time_limit
+from policyopt.rollout.environment import Environment, Episode, Message, Reply
 from policyopt.rollout.tool_calls import TOOL_CALL_FORMATS, MalformedToolCall, ToolCall
-from policyopt.tasks.environment import Environment, Episode, Message, Reply
 
 # JSON schema types of the annotations a tool's parameters may have.
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
