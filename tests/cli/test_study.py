@@ -153,7 +153,7 @@ def test_a_killed_run_resumes_from_its_checkpoint(tmp_path):
     assert not (out / "grpo" / "seed-0" / "summary.json").exists()
     again = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=400)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "resumed from" in again.stdout
+    assert "resuming from step" in again.stdout
     summary = json.loads((out / "grpo" / "seed-0" / "summary.json").read_text())
     assert summary["rl_steps"] == 40
     records = [json.loads(line) for line in (out / "grpo" / "seed-0" / "metrics.jsonl").open()]

@@ -147,7 +147,7 @@ def test_fsdp2_run_resumes_from_its_checkpoint_on_two_processes_and_on_one(
 
     shutil.copytree(split, single)
     resumed = torchrun(2, *train_args(split, 2, "train.parallel=fsdp2"))
-    assert "resumed from" in resumed.stdout + resumed.stderr
+    assert "resuming from step" in resumed.stdout + resumed.stderr
     final = "checkpoints/step-00000002/model.safetensors"
     a, b = load_file(straight / final), load_file(split / final)
     assert a.keys() == b.keys()
@@ -186,7 +186,7 @@ def test_ddp_checkpoint_resumes_under_fsdp2(tmp_path: Path) -> None:
     one = out / "checkpoints" / "step-00000001"
     assert (one / "model.safetensors").exists() and not (one / "dcp").exists()
     resumed = torchrun(2, *train_args(out, 2, "train.parallel=fsdp2"))
-    assert "resumed from" in resumed.stdout + resumed.stderr
+    assert "resuming from step" in resumed.stdout + resumed.stderr
     two = out / "checkpoints" / "step-00000002"
     assert (two / "dcp" / ".metadata").exists()
     before, after = load_file(one / "model.safetensors"), load_file(two / "model.safetensors")

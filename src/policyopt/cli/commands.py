@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,15 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_quickstart(sub: argparse._SubParsersAction) -> None:
+    from policyopt.recipes import recipe_names  # the package's YAML files: no torch
+
     p = sub.add_parser("quickstart", help="the main job: SFT warm start, RL, held-out evaluation")
-    p.add_argument("recipe", nargs="?", default="grpo", help="a shipped recipe name or a YAML path")
+    p.add_argument(
+        "recipe",
+        nargs="?",
+        default="grpo",
+        help=f"a shipped recipe ({', '.join(recipe_names())}; default grpo) or a YAML path",
+    )
     p.add_argument("--output-dir", default=None, help="default: runs/quickstart-RECIPE")
     p.add_argument("--seed", type=int, default=None)
     add_config_arguments(p)
@@ -54,35 +62,71 @@ def run_quickstart(args: argparse.Namespace) -> int:
         print(dump_config(config))
         return 0
     from policyopt.pipelines import run_quickstart  # after the config (run_sft_command)
+    from policyopt.store import run_folder
 
-    _, headline = run_quickstart(config, Console(), out)
+    # Claimed before the SFT warm start: a folder of the user's files, or one another
+    # process is running in, is refused before minutes of work (the trainer claims it again).
+    run_folder.claim(config.train.output_dir)
+    try:
+        _, headline = run_quickstart(config, Console(), out)
+    except BaseException:
+        run_folder.release(config.train.output_dir, abandon=True)
+        raise
+    run_folder.release(config.train.output_dir)
     print(headline)
     return 0
 
 
 def add_sft(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sft", help="supervised warm start on a task's expert solutions")
-    p.add_argument("--config", default=None, help="YAML config (its model, task and sft sections)")
+    add_config_file_arguments(p, "YAML config (its model, task and sft sections)")
     p.add_argument("--output-dir", required=True, help="where the fine-tuned model is saved")
     add_config_arguments(p)
     p.set_defaults(func=run_sft_command)
 
 
+def add_config_file_arguments(p: argparse.ArgumentParser, help_text: str) -> None:
+    """The config file as `train` and `quickstart` take it, positionally; `--config` too."""
+    p.add_argument(
+        "config_file",
+        nargs="?",
+        default=None,
+        metavar="CONFIG",
+        help=f"{help_text}, or a shipped recipe name",
+    )
+    p.add_argument("--config", default=None, help="the same, as an option")
+
+
+def config_file_argument(args: argparse.Namespace) -> tuple[str | None, list[str]]:
+    """(the config file given positionally or by --config, the overrides)."""
+    positional, overrides = split_positional(args.config_file, args.overrides, None)
+    if positional is not None and args.config is not None:
+        raise ValueError(f"two config files: {positional} and --config {args.config}; give one")
+    return positional or args.config, overrides
+
+
 def run_sft_command(args: argparse.Namespace) -> int:
-    config = file_config(args.config, args.overrides)
+    config = file_config(*config_file_argument(args))
     if args.print_config:
         print(dump_config(config))
         return 0
     # After the config is read: its mistakes come back before torch's seconds of import.
     from policyopt.pipelines.quickstart import fine_tune
+    from policyopt.store import run_folder
 
     if config.sft.steps == 0:
         raise ValueError("sft.steps is 0: set it, e.g. sft.steps=1000")
-    model, tok, metrics = fine_tune(config)
-    out = Path(args.output_dir)
-    model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
-    (out / "sft_metrics.json").write_text(json.dumps(metrics))
+    # Claimed before the minutes of SFT: a folder of the user's files is refused now.
+    out = run_folder.claim(args.output_dir, "--output-dir")
+    try:
+        model, tok, metrics = fine_tune(config)
+        model.save_pretrained(out, safe_serialization=True)
+        tok.save_pretrained(out)
+        (out / "sft_metrics.json").write_text(json.dumps(metrics))
+    except BaseException:
+        run_folder.release(out, abandon=True)  # a folder it made for nothing goes again
+        raise
+    run_folder.release(out)
     print(json.dumps(metrics))
     return 0
 
@@ -111,7 +155,7 @@ def cannot_learn_warning(config: Config) -> str | None:
         return (
             "warning: model 'tiny' is the embedded model, untrained (random weights); RL from "
             "it earns almost no reward. Warm start it first: `policyopt quickstart CONFIG` "
-            "runs SFT then RL, or `policyopt sft --config CONFIG --output-dir sft-model` and "
+            "runs SFT then RL, or `policyopt sft CONFIG --output-dir sft-model` and "
             "then train with model.name_or_path=sft-model (SFT needs the task's expert "
             "solutions: task.options.solution_column for an hf_dataset)."
         )
@@ -165,73 +209,111 @@ def train_summary(trainer: Any, metrics: dict[str, float]) -> str:
 
 def add_eval(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="held-out greedy accuracy and pass@k of a model")
+    add_config_file_arguments(p, "YAML config for the task and sampling")
     p.add_argument(
         "--model",
         required=True,
-        help="a model name or path; a run folder (its latest complete checkpoint) or a "
-        "checkpoint folder, evaluated on its own run's config unless --config is given",
+        help="a model name or path; a run folder (its newest checkpoint) or a checkpoint "
+        "folder, evaluated on its own run's config unless a config is given",
     )
-    p.add_argument("--config", default=None, help="YAML config for the task and sampling")
     p.add_argument("--samples", type=int, default=None, help="samples per problem for pass@k")
     p.add_argument("--json-out", default=None)
+    p.add_argument(
+        "--allow-run-code",
+        action="store_true",
+        help="obey a run's saved config where it names code to run (a reward module "
+        "`module:function`, model.trust_remote_code=true) although this user's policyopt "
+        "did not write it: a run folder may come from someone else. Your own runs, config "
+        "files and overrides need no flag",
+    )
     add_config_arguments(p)
     p.set_defaults(func=run_eval)
 
 
-def resolve_eval_model(name: str) -> tuple[str, Path | None]:
-    """(what to load, the config of the run that trained it or None) for `eval --model`: a
-    run folder means its latest complete checkpoint; a checkpoint with merged LoRA weights
-    means those."""
+def resolve_eval_model(name: str) -> tuple[str, Path | None, str]:
+    """(what to load, the config of the run that trained it or None, what it is in words)
+    for `eval --model`: a run folder means its newest checkpoint, which must be complete; a
+    checkpoint with merged LoRA weights means those."""
     from policyopt.store.checkpoint import (
         CONFIG_FILE,
         incomplete_checkpoints,
         latest_checkpoint,
+        step_of,
     )
 
     path = Path(name).expanduser()
+    what = f"model {name}"
     if (path / "checkpoints").is_dir():
         found = latest_checkpoint(path)
+        broken = incomplete_checkpoints(path)
         if found is None:
-            broken = [p.name for p in incomplete_checkpoints(path)]
             raise FileNotFoundError(
                 f"run folder {name!r} has no complete checkpoint"
-                + (f" (incomplete: {', '.join(broken)})" if broken else "")
+                + (f" (incomplete: {', '.join(p.name for p in broken)})" if broken else "")
+            )
+        newer = [p for p in broken if step_of(p) > step_of(found)]
+        if newer:
+            # Evaluating an older step under the run's name would report the wrong model.
+            raise FileNotFoundError(
+                f"the newest checkpoint of run {name}, {newer[-1].name}, is incomplete (a save "
+                "was interrupted, or a file is missing or truncated); the newest complete one "
+                f"is {found.name}: give --model {found} to evaluate that one"
             )
         path = found
+        what = f"run {name}, checkpoint step {step_of(found)} ({found})"
+    elif path.is_dir() and path.name.startswith("step-") and path.parent.name == "checkpoints":
+        what = f"checkpoint {path}"
     if not path.is_dir():
-        return name, None
+        return name, None, what
     model = path / "merged" if (path / "merged").is_dir() else path
+    if model != path:
+        what += ", its merged LoRA weights"
     for candidate in (path / CONFIG_FILE, path.parent / CONFIG_FILE):
         if candidate.is_file():
-            return str(model), candidate
-    return str(model), None
+            return str(model), candidate, what
+    return str(model), None, what
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    import torch
+    from policyopt.store import provenance
 
-    from policyopt.models.threads import apply_num_threads
-    from policyopt.train.held_out import evaluate_run
-    from policyopt.train.parts import build_parts
-    from policyopt.train.policy import load_policy
-
-    model_path, run_config = resolve_eval_model(args.model)
-    config_path = args.config
+    model_path, run_config, what = resolve_eval_model(args.model)
+    config_path, overrides = config_file_argument(args)
     console = Console(stderr=True)
     if config_path is None and run_config is not None:
         config_path = str(run_config)
-        console.print(f"task, rewards and sampling from the run's config {run_config}")
-    config = file_config(config_path, [*args.overrides, f"model.name_or_path={model_path}"])
+        if not args.allow_run_code and not provenance.signed_here(run_config):
+            refuse_run_code(run_config, overrides)
+    config = file_config(config_path, [*overrides, f"model.name_or_path={model_path}"])
     if args.print_config:
         print(dump_config(config))
         return 0
+    import torch
+
+    from policyopt.models.precision import set_precision
+    from policyopt.models.threads import apply_num_threads
+    from policyopt.train.held_out import eval_rows, evaluate_run
+    from policyopt.train.parts import build_parts
+    from policyopt.train.policy import load_policy
+    from policyopt.train.trainer import check_positions
+
     # The same assembly as training: every part checked and bound (engine options, remote
     # reward workers, a ranking policy for a ranking task), then the run's evaluation.
     parts = build_parts(config)
     model, tok = load_policy(config.model, parts.task)
+    set_precision(model, config.model.precision)
+    rows = eval_rows(parts.task, parts.evaluation.size)
+    check_positions(model, tok, parts.task, "eval", rows, config)
     apply_num_threads(config.train.num_threads, model)
     engine = parts.make_engine(model, tok)
-    console.print(f"evaluating {model_path} on {config.task.name} ...")
+    # What is evaluated, once it loaded, on stderr (stdout carries the JSON result only).
+    source = f" with the run's config {run_config}" if config_path == str(run_config) else ""
+    console.print(
+        f"evaluating {what} on {config.task.name}{source} ...",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
     try:
         with torch.no_grad():
             result = evaluate_run(
@@ -239,6 +321,7 @@ def run_eval(args: argparse.Namespace) -> int:
                 parts.task,
                 tok,
                 engine,
+                rows=rows,
                 samples=args.samples,
                 console=console,
                 reward_fn=parts.reward,
@@ -250,3 +333,45 @@ def run_eval(args: argparse.Namespace) -> int:
         Path(args.json_out).write_text(text)
     print(text)
     return 0
+
+
+# A string naming code to import: "module.path:function" (what reward functions accept).
+_CODE_SPEC = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):[A-Za-z_]\w*$")
+
+
+def run_config_code(raw: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+    """(dotted key, what it runs) for every place a config names code: any string value of
+    the form `module:function` (reward functions, a task's reward_function, ...) outside
+    policyopt's own modules, and `model.trust_remote_code: true`."""
+    found: list[tuple[str, str]] = []
+    items = raw.items() if isinstance(raw, dict) else enumerate(raw)
+    for key, value in items:
+        where = f"{prefix}{key}"
+        if isinstance(value, dict | list):
+            found += run_config_code(value, f"{where}.")  # type: ignore[arg-type]
+        elif isinstance(value, str) and _CODE_SPEC.match(value):
+            module = value.split(":", 1)[0]
+            if module != "policyopt" and not module.startswith("policyopt."):
+                found.append((where, f"module {module!r} ({where}={value})"))
+        elif where == "model.trust_remote_code" and value is True:
+            found.append((where, "the model's own code (model.trust_remote_code=true)"))
+    return found
+
+
+def refuse_run_code(run_config: Path, overrides: list[str]) -> None:
+    """Raise if the run's saved config names code to run that the user's overrides do not
+    replace: a run folder may come from someone else, and importing a module it names (the
+    working folder is on sys.path) would run that module. Called for a config this user's
+    policyopt did not sign (store/provenance.py)."""
+    from policyopt.config.load import read_yaml
+
+    given = [o.split("=", 1)[0].strip() for o in overrides if "=" in o]
+    for key, what in run_config_code(read_yaml(run_config)):
+        if any(key == g or key.startswith(f"{g}.") for g in given):
+            continue  # the user's own value replaces the run's
+        raise ValueError(
+            f"the run's config {run_config} would run {what}, and this user's policyopt did "
+            "not write it (a run folder may come from someone else), so it is not obeyed: "
+            "pass --allow-run-code if you trust the run, or give your own config (or "
+            "override the key)"
+        )

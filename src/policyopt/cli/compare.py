@@ -85,8 +85,7 @@ def add_compare(sub: argparse._SubParsersAction) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from policyopt.cli.study import execute, merge_variants, parse_variant, plan
-    from policyopt.cli.study_report import write_report
+    from policyopt.cli.study import merge_variants, parse_variant, plan
 
     console = Console()
     names = [r for r in args.recipes if "=" not in r]
@@ -98,11 +97,13 @@ def run_compare(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     variants = merge_variants([parse_variant(v) for v in args.variant])
+    # One SFT warm start for all seeds (the SFT cache keys on its seed): seeds then vary the
+    # RL phase only, and N seeds cost one SFT, not N. A train.sft_seed given later wins.
     runs = plan(
         names,
         args.seeds,
         root,
-        [*overrides, f"eval.samples={args.samples}"],
+        ["train.sft_seed=0", *overrides, f"eval.samples={args.samples}"],
         recipe=args.recipe,
         variants=variants,
         one_thread=args.workers > 1 or args.ray is not None,
@@ -113,7 +114,28 @@ def run_compare(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--baseline {args.baseline!r} is not a cell of the study; cells: {', '.join(cells)}"
         )
-    root.mkdir(parents=True, exist_ok=True)
+    from policyopt.store import run_folder
+
+    # The study's folder is claimed like a run's: its report files are not written over a
+    # folder of the user's, nor by two studies at once.
+    run_folder.claim(root, "--output-dir")
+    try:
+        return _run_study(args, console, runs, root, cells, reach)
+    finally:
+        run_folder.release(root)
+
+
+def _run_study(
+    args: argparse.Namespace,
+    console: Console,
+    runs: list,
+    root: Path,
+    cells: list[str],
+    reach: tuple[str, float, bool] | None,
+) -> int:
+    from policyopt.cli.study import execute
+    from policyopt.cli.study_report import write_report
+
     status = execute(
         runs,
         workers=args.workers,
@@ -269,7 +291,8 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
         for key in metric_keys(runs):
             row[key.removeprefix("eval/")] = mean_ci([s["final_eval"][key] for s in summaries])
         row["initial accuracy"] = mean_ci([s["initial_accuracy"] for s in summaries])
-        # Paired over seeds (each seed has its own SFT start): the RL effect itself.
+        # Paired over seeds (seeds that share one SFT start have one initial accuracy): the
+        # RL effect itself.
         row["accuracy gain"] = mean_ci(
             [s["final_accuracy"] - s["initial_accuracy"] for s in summaries]
         )
@@ -290,32 +313,63 @@ def finite(value: Any) -> Any:
     return value
 
 
-def _fmt(v: tuple[float, float] | str) -> str:
+def metric_range(name: str) -> tuple[float, float] | None:
+    """The values a compared metric can take, where bounded: shares of problems (accuracy,
+    pass@k, avg@k, maj@k) lie in [0, 1], a gain in accuracy in [-1, 1], a time is >= 0."""
+    if name.startswith(("accuracy", "initial accuracy", "pass@", "avg@", "maj@")):
+        return (-1.0, 1.0) if name == "accuracy gain" else (0.0, 1.0)
+    if name.endswith("(s)"):
+        return (0.0, math.inf)
+    return None
+
+
+def interval(v: tuple[float, float], name: str) -> tuple[float, float, bool]:
+    """(low, high, clipped): the 95% interval mean ± half, clipped to the metric's range (a
+    Student-t interval over 2-3 seeds can reach far past 0 and 1)."""
+    mean, half = v
+    low, high = mean - half, mean + half
+    bounds = metric_range(name)
+    if bounds is None or not math.isfinite(half):
+        return low, high, False
+    clipped = (max(low, bounds[0]), min(high, bounds[1]))
+    return clipped[0], clipped[1], clipped != (low, high)
+
+
+CLIP_NOTE = (
+    "An interval that reaches past a metric's range (accuracy and pass@k lie in [0, 1]) is "
+    "clipped to it and shown as [low, high]."
+)
+
+
+def _fmt(v: tuple[float, float] | str, name: str = "") -> str:
     if isinstance(v, str):
         return v
     mean, half = v
-    return f"{mean:.3f} ± {half:.3f}" if math.isfinite(half) else f"{mean:.3f}"
+    if not math.isfinite(half):
+        return f"{mean:.3f}"
+    low, high, clipped = interval(v, name)
+    return f"{mean:.3f} [{low:.3f}, {high:.3f}]" if clipped else f"{mean:.3f} ± {half:.3f}"
 
 
 def markdown_table(rows: list[dict[str, Any]], seeds: int) -> str:
     cols = [k for k in rows[0] if k not in ("method", "seeds")]
     head = "| method | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols) + "\n"
     body = "".join(
-        "| " + r["method"] + " | " + " | ".join(_fmt(r[c]) for c in cols) + " |\n" for r in rows
+        "| " + r["method"] + " | " + " | ".join(_fmt(r[c], c) for c in cols) + " |\n" for r in rows
     )
-    return f"Mean ± 95% CI (Student t) over {seeds} seeds.\n\n" + head + body
+    return f"Mean ± 95% CI (Student t) over {seeds} seeds. {CLIP_NOTE}\n\n" + head + body
 
 
 def rich_table(rows: list[dict[str, Any]], seeds: int) -> Table:
     """One row per metric, one column per method: fits 80 columns for up to four methods
     (a column per metric did not fit a terminal)."""
     cols = [k for k in rows[0] if k not in ("method", "seeds")]
-    table = Table(title=f"mean ± 95% CI over {seeds} seeds")
+    table = Table(title=f"mean ± 95% CI over {seeds} seeds", caption=CLIP_NOTE)
     table.add_column("metric", overflow="fold")
     for r in rows:
         table.add_column(r["method"], justify="right")
     for c in cols:
-        table.add_row(c, *(_fmt(r[c]) for r in rows))
+        table.add_row(c, *(_fmt(r[c], c) for r in rows))
     return table
 
 
@@ -333,11 +387,22 @@ def plot_compare(
     width = 0.8 / len(rows)
     for i, r in enumerate(rows):
         xs = [j + i * width for j in range(len(keys))]
+        means = [r[k][0] for k in keys]
+        spans = [interval(r[k], k) for k in keys]  # clipped to [0, 1]: no bar past the range
         left.bar(
             xs,
-            [r[k][0] for k in keys],
+            means,
             width,
-            yerr=[0 if math.isnan(r[k][1]) else r[k][1] for k in keys],
+            yerr=[
+                [
+                    0 if math.isnan(lo) else m - lo
+                    for m, (lo, _, _) in zip(means, spans, strict=True)
+                ],
+                [
+                    0 if math.isnan(hi) else hi - m
+                    for m, (_, hi, _) in zip(means, spans, strict=True)
+                ],
+            ],
             label=r["method"],
             capsize=3,
         )
@@ -345,7 +410,7 @@ def plot_compare(
         if curve:
             right.plot([c[0] for c in curve], [c[1] for c in curve], marker="o", label=r["method"])
     left.set_xticks([j + 0.4 - width / 2 for j in range(len(keys))], keys, rotation=30)
-    left.set_title("held-out metrics (mean, 95% CI)")
+    left.set_title("held-out metrics (mean, 95% CI clipped to [0, 1])")
     left.legend()
     right.set_xscale("log", base=2)
     right.set_xlabel("k")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 
@@ -49,11 +50,21 @@ def main(argv: list[str] | None = None) -> int:
         hf_logging.disable_progress_bar()
     try:
         return int(args.func(args) or 0)
+    except KeyboardInterrupt as err:
+        # Ctrl-C: one line. The trainer's RunInterrupted says at which step it stopped and
+        # where the same command resumes; anywhere else (loading, evaluation) nothing that a
+        # rerun needs was lost. 130: the shell's code for a SIGINT.
+        if os.environ.get("POLICYOPT_TRACEBACK"):
+            raise
+        detail = str(err) or "interrupted; the same command starts it again"
+        print(f"policyopt {args.command}: {detail}", file=sys.stderr)
+        return 130
     except Exception as err:
         # Only a module that was imported can have raised its errors: looked up, not
         # imported, so that a config error comes back without torch's import.
         reward_error = _loaded("policyopt.rewards.functions", "RewardFunctionError")
         nonfinite_error = _loaded("policyopt.train.update", "NonFiniteUpdateError")
+        disk_full_error = _loaded("policyopt.store.checkpoint", "DiskFullError")
         # A user's mistake (a config, a path, a value, a reward function): the message says
         # what and where, in one paragraph; a traceback would only bury it.
         # POLICYOPT_TRACEBACK=1 shows it anyway.
@@ -61,6 +72,16 @@ def main(argv: list[str] | None = None) -> int:
             raise
         if isinstance(err, nonfinite_error):
             print(f"policyopt {args.command}: {err}", file=sys.stderr)
+            return 1
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            # Wherever the write was (a checkpoint, a log line, a plot): the machine's
+            # state, not a bug; a checkpoint's own error also names the last complete one.
+            if isinstance(err, disk_full_error):
+                message = str(err)
+            else:
+                where = f" {err.filename}" if err.filename else " the device"
+                message = f"no space left on{where}; free space and run the same command again"
+            print(f"policyopt {args.command}: error: {message}", file=sys.stderr)
             return 1
         if not isinstance(err, (*USER_ERRORS, reward_error)):
             raise

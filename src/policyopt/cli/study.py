@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+INTERRUPTED = 130  # what `policyopt` returns on Ctrl-C (cli/main.py), as a shell does
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,11 @@ def execute(
             todo.append(run)
 
     def record(run: Run, code: int) -> None:
+        if code in (INTERRUPTED, -signal.SIGINT):  # -2: a worker killed by the signal
+            # Ctrl-C stops the study, not just this run (which saved where it stopped).
+            raise KeyboardInterrupt(
+                f"interrupted in {run.out}; the same command resumes the study there"
+            )
         status[str(run.out)] = "ran" if code == 0 and run.finished() else f"failed (exit {code})"
         if on_done is not None:
             on_done(run, status[str(run.out)])

@@ -5,6 +5,11 @@ method or reward there would silently splice two experiments into one curve. So 
 compares the new config with the one that trained the checkpoint (`run_config.yaml` in the
 checkpoint) and stops, naming every differing key, unless `train.resume_anyway=true`.
 
+The data is compared the same way: `data_fingerprint` hashes (sha256) every file or folder
+a task option names, a checkpoint keeps those hashes (`data_fingerprint.json`), and
+`check_resume_data` stops a resume whose data file changed since, even at the same path and
+modification time, unless `train.resume_anyway=true`.
+
 Keys that change how long, where, how fast or how verbosely a run goes, but not what it
 trains, may differ (RESUME_SAFE_KEYS). `train.steps` and `train.max_generated_tokens` extend
 or shorten the run (`steps` also sets the lr schedule's length). The resource knobs
@@ -16,7 +21,9 @@ other RNG streams).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -107,3 +114,63 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{key}"] = value
     return out
+
+
+def data_fingerprint(config: Config) -> dict[str, dict[str, str]]:
+    """{option key: {"path": ..., "sha256": ...}} for every task option (at any depth, in
+    lists too) that names an existing local file or folder: the data the run reads, by
+    content. Hub names and in-memory tasks have none."""
+    found: dict[str, dict[str, str]] = {}
+    for key, value in _leaves(config.task.options, "task.options"):
+        if isinstance(value, str) and value and os.path.exists(value):
+            found[key] = {"path": value, "sha256": content_hash(Path(value))}
+    return found
+
+
+def _leaves(value: Any, key: str) -> list[tuple[str, Any]]:
+    if isinstance(value, dict):
+        return [leaf for k, v in value.items() for leaf in _leaves(v, f"{key}.{k}")]
+    if isinstance(value, list | tuple):
+        return [leaf for i, v in enumerate(value) for leaf in _leaves(v, f"{key}.{i}")]
+    return [(key, value)]
+
+
+def content_hash(path: Path) -> str:
+    """sha256 of a file's bytes, or of a folder's files (relative names and bytes, sorted)."""
+    digest = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for f in files:
+        if f is not path:
+            digest.update(str(f.relative_to(path)).encode() + b"\0")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def check_resume_data(
+    checkpoint: Path, fingerprint: dict[str, dict[str, str]], config: Config
+) -> list[str]:
+    """Raise ConfigMismatchError if a data file the checkpoint was trained on has other
+    contents now (unless train.resume_anyway); returns the keys of the changed files. A
+    checkpoint without a fingerprint (an older policyopt) is not checked."""
+    from policyopt.store.checkpoint import read_data_fingerprint
+
+    saved = read_data_fingerprint(checkpoint)
+    if saved is None:
+        return []
+    changed = []
+    for key, then in saved.items():
+        now = fingerprint.get(key)
+        if now is None or now["path"] != then.get("path"):
+            continue  # a changed option is the config check's to name
+        if now["sha256"] != then.get("sha256"):
+            changed.append(key)
+            if not config.train.resume_anyway:
+                raise ConfigMismatchError(
+                    f"train.resume: the data file {now['path']} ({key}) has changed since it "
+                    f"trained {checkpoint} (sha256 {str(then.get('sha256'))[:12]} then, "
+                    f"{now['sha256'][:12]} now); restore it, resume anyway with "
+                    "train.resume_anyway=true, or choose another train.output_dir"
+                )
+    return changed

@@ -32,11 +32,21 @@ class ModelConfig(Section):
     # name.
     name_or_path: str = "tiny"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # "bf16-mixed": float32 weights, gradients and optimizer state, with the forward of SFT,
+    # the update and hf-engine sampling in bfloat16 under torch.autocast; the LM head and
+    # log-probs stay float32 (models/precision.py, docs/guides/precision.md). Needs dtype
+    # float32. The sampler's log-probs then differ from the trainer's, so
+    # algorithm.tis_cap=auto turns TIS on. "fp32": every op in the weights' dtype.
+    precision: Literal["fp32", "bf16-mixed"] = "fp32"
     device: str = "cpu"
     # Rows of (batch x time) per chunk when applying the LM head: bounds logits memory.
     logit_chunk_size: int = Field(1024, ge=1)
     # Wrap prompts in the tokenizer's chat template (instruct models).
     chat_template: bool = False
+    # Run the modelling/tokenizer code a model folder or Hub repository ships (auto_map).
+    # Off: such a model is an error. A run's saved config that turns it on is not obeyed by
+    # `policyopt eval --model RUN` without --allow-run-code (the run may be someone else's).
+    trust_remote_code: bool = False
     lora: LoraConfig = LoraConfig()
 
 
@@ -207,6 +217,10 @@ class TrainConfig(Section):
     # than G parallel samples). `steps` still sets the lr schedule's length.
     max_generated_tokens: int = Field(0, ge=0)
     seed: int = 0
+    # The seed of the SFT warm start (quickstart, compare); null: `seed`. The SFT result is
+    # cached by its settings and this seed, so runs that differ in `seed` only share one warm
+    # start when this is set (compare sets 0 for its seeds unless given).
+    sft_seed: int | None = None
     output_dir: str = "runs/default"
     # Sequences per forward/backward; normalisers are global, so this changes memory only.
     micro_batch_size: int = Field(64, ge=1)

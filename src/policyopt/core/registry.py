@@ -92,7 +92,10 @@ class Registry(Generic[T]):
 
 def unknown_name_message(kind: str, name: str, valid: list[str]) -> str:
     """`unknown <kind> 'x'; did you mean 'y'? valid: a, b, c`."""
-    close = difflib.get_close_matches(name, valid, n=1)
+    close = difflib.get_close_matches(name, valid, n=3)
+    # The same letters in another order (a transposition: gpro for grpo) first, then
+    # difflib's order.
+    close.sort(key=lambda v: sorted(v) != sorted(name))
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return f"unknown {kind} {name!r}{hint or ';'} valid names: {', '.join(valid)}"
 

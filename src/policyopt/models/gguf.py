@@ -36,10 +36,12 @@ def gguf_folder(gguf: Path) -> Path:
 
 def _convert(gguf: Path, out: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, trust_remote_code=False
     )
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(out, safe_serialization=True)
-    AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(out)
+    AutoTokenizer.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, trust_remote_code=False
+    ).save_pretrained(out)

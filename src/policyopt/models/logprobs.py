@@ -24,6 +24,10 @@ the one prompt pass; with G responses per prompt it saves (G - 1) / G of the pro
 distribution is the constrained one, the disallowed tokens' logits -inf before the
 logsumexp, so log p(y_t) = z[y_t] - logsumexp_{v allowed} z_v, the log-prob the sampler
 recorded; its gradient (1[v = y] - p_v) / T has p_v = 0 off the allowed set.
+
+The trunk runs in whatever autocast the caller entered (bf16-mixed, `models.precision`); the
+LM head always runs outside it, in its weights' dtype, so that logits, logsumexp and
+log-probs are float32 for float32 weights.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from policyopt.core.token_bits import unpack_token_bits
+from policyopt.models.precision import head_logits
 
 try:  # transformers >= 4.56 keeps the cache as one object per layer
     from transformers.cache_utils import DynamicCache, DynamicLayer
@@ -113,8 +118,11 @@ def _linear_logits(
     allowed: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """z = (W h + b) / T as a fresh float32 [n, V] tensor (float32 even for bf16 models);
-    -inf off `allowed` [n, >= V] bool when given (columns past V unused; module docstring)."""
-    z = nn.functional.linear(h, weight, bias).float()
+    -inf off `allowed` [n, >= V] bool when given (columns past V unused; module docstring).
+    Outside autocast, in the weights' dtype: under bf16-mixed the head stays float32
+    (`models.precision`)."""
+    with torch.autocast(h.device.type, enabled=False):
+        z = nn.functional.linear(h.to(weight.dtype), weight, bias).float()
     z = z.div_(temperature)
     return z if allowed is None else z.masked_fill_(~allowed[:, : z.shape[-1]], float("-inf"))
 
@@ -166,8 +174,9 @@ class _LinearHeadLogProb(torch.autograd.Function):
         grad[torch.arange(len(y), device=y.device), y] -= 1.0  # p - onehot(y)
         grad.mul_((-grad_logp / ctx.temperature)[:, None])  # g (onehot - p) / T
         grad = grad.to(weight.dtype)
-        grad_h = grad @ weight if ctx.needs_input_grad[0] else None
-        grad_w = grad.T @ h if ctx.needs_input_grad[1] else None
+        with torch.autocast(h.device.type, enabled=False):  # in the forward's dtypes
+            grad_h = (grad @ weight).to(h.dtype) if ctx.needs_input_grad[0] else None
+            grad_w = grad.T @ h.to(weight.dtype) if ctx.needs_input_grad[1] else None
         grad_b = grad.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
         return grad_h, grad_w, grad_b, None, None, None, None
 
@@ -180,8 +189,9 @@ def _module_logp_entropy(
     with_entropy: bool,
     allowed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """log p(y) and entropy for one chunk through any head module (e.g. a LoRA-wrapped one)."""
-    z = head(h).float() / temperature
+    """log p(y) and entropy for one chunk through any head module (e.g. a LoRA-wrapped one);
+    the head outside autocast, as `_linear_logits`."""
+    z = head_logits(head, h).float() / temperature
     if allowed is not None:
         z = z.masked_fill(~allowed[:, : z.shape[-1]], float("-inf"))
     lse = z.logsumexp(-1)

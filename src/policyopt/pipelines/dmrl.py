@@ -47,6 +47,7 @@ from policyopt.models.loading import load_tokenizer
 from policyopt.models.threads import apply_num_threads
 from policyopt.models.tiny import build_char_tokenizer, embedded_size
 from policyopt.pipelines.quickstart import warm_started_policy
+from policyopt.store import run_folder
 from policyopt.train.trainer import Trainer
 
 PER_DAY = 4
@@ -146,7 +147,9 @@ def _tokenizer_for(config: Config) -> Any:
     """The editor's tokenizer (for the budget check, before any model is trained)."""
     if embedded_size(config.model.name_or_path) is not None:
         return build_char_tokenizer()
-    return load_tokenizer(config.model.name_or_path)
+    return load_tokenizer(
+        config.model.name_or_path, trust_remote_code=config.model.trust_remote_code
+    )
 
 
 def live_options(config: Config, out: Path) -> tuple[dict[str, Any], dict[str, float]]:
@@ -178,7 +181,20 @@ def headline(s: dict[str, Any], out: str) -> str:
 
 
 def run_dmrl_pipeline(config: Config, console: Console | None = None) -> dict[str, Any]:
-    console = console or Console()
+    """The predictor, the editor's warm start, DRPO over live days, the deployed value; the
+    output folder is claimed as the run's first (it holds the predictor before the trainer
+    starts: `store/run_folder.py`)."""
+    out = run_folder.claim(config.train.output_dir)
+    try:
+        summary = _run(config, console or Console())
+    except BaseException:
+        run_folder.release(out, abandon=True)
+        raise
+    run_folder.release(out)
+    return summary
+
+
+def _run(config: Config, console: Console) -> dict[str, Any]:
     start = time.perf_counter()
     # Before SFT too; "auto" for the DMRL editor's small model (policyopt.models.threads).
     apply_num_threads(config.train.num_threads, None)

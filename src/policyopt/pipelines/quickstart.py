@@ -8,6 +8,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from rich.console import Console
@@ -16,13 +17,15 @@ from rich.table import Table
 from policyopt import __version__
 from policyopt.config.load import Config
 from policyopt.models.cache import cache_dir
-from policyopt.models.loading import load_model
+from policyopt.models.loading import load_model, load_model_config, load_tokenizer
+from policyopt.models.precision import set_precision
 from policyopt.models.threads import apply_num_threads
 from policyopt.tasks.base import get_task
 from policyopt.tasks.ranking import RankingTask
+from policyopt.train.held_out import eval_rows
 from policyopt.train.policy import load_policy
 from policyopt.train.sft import run_sft
-from policyopt.train.trainer import Trainer, seed_everything
+from policyopt.train.trainer import Trainer, check_positions, seed_everything
 
 
 def sft_cache_key(config: Config) -> str:
@@ -34,17 +37,29 @@ def sft_cache_key(config: Config) -> str:
         "chat": config.model.chat_template,
         "task": config.task.model_dump(mode="json"),
         "sft": config.sft.model_dump(mode="json"),
-        "seed": config.train.seed,
+        "seed": sft_seed(config),
+        # Only when not the default, so that the keys of earlier fp32 warm starts still hold.
+        **({"precision": config.model.precision} if config.model.precision != "fp32" else {}),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def sft_seed(config: Config) -> int:
+    """The SFT warm start's seed: train.sft_seed, else train.seed."""
+    return config.train.seed if config.train.sft_seed is None else config.train.sft_seed
+
+
 def fine_tune(config: Config, console: Console | None = None) -> tuple[Any, Any, dict[str, float]]:
     """Load the configured model and run SFT on the task's expert solutions (no caching)."""
-    seed_everything(config.train.seed)
+    seed = sft_seed(config)
+    seed_everything(seed)
     model, tok = load_model(
-        config.model.name_or_path, dtype=config.model.dtype, device=config.model.device
+        config.model.name_or_path,
+        dtype=config.model.dtype,
+        device=config.model.device,
+        trust_remote_code=config.model.trust_remote_code,
     )
+    set_precision(model, config.model.precision)
     apply_num_threads(config.train.num_threads, model)  # SFT threads as RL's (train.num_threads)
     task = get_task(config.task.name, **config.task.options)
     metrics = run_sft(
@@ -52,7 +67,7 @@ def fine_tune(config: Config, console: Console | None = None) -> tuple[Any, Any,
         tok,
         task,
         config.sft,
-        seed=config.train.seed,
+        seed=seed,
         chunk_size=config.model.logit_chunk_size,
         chat=config.model.chat_template,
         console=console,
@@ -73,9 +88,15 @@ def warm_started_policy(config: Config, console: Console) -> tuple[Any, Any, dic
         return model, tok, {}
     cached = cache_dir() / "sft" / sft_cache_key(cfg)
     if (cached / "sft_metrics.json").exists():
-        model, tok = load_model(str(cached), dtype=cfg.model.dtype, device=cfg.model.device)
+        model, tok = load_model(
+            str(cached),
+            dtype=cfg.model.dtype,
+            device=cfg.model.device,
+            trust_remote_code=cfg.model.trust_remote_code,
+        )
         console.print(f"SFT warm start from cache {cached}")
         return model, tok, json.loads((cached / "sft_metrics.json").read_text())
+    check_rl_positions(cfg)  # before minutes of SFT, not after them
     model, tok, metrics = fine_tune(cfg, console)
     cached.parent.mkdir(parents=True, exist_ok=True)
     tmp = cached.parent / f".tmp-{cached.name}-{os.getpid()}"
@@ -88,6 +109,19 @@ def warm_started_policy(config: Config, console: Console) -> tuple[Any, Any, dic
     except OSError:  # another process cached the same setting first
         shutil.rmtree(tmp, ignore_errors=True)
     return model, tok, metrics
+
+
+def check_rl_positions(config: Config) -> None:
+    """The check the trainer makes at its start (a prompt plus the response budget within
+    the model's positions), from the model's config and tokenizer alone."""
+    task = get_task(config.task.name, **config.task.options)
+    if task.policy != "lm":
+        return
+    name, trust = config.model.name_or_path, config.model.trust_remote_code
+    model = SimpleNamespace(config=load_model_config(name, trust_remote_code=trust))
+    tok = load_tokenizer(name, trust_remote_code=trust)
+    check_positions(model, tok, task, "train", task.rows("train"), config)
+    check_positions(model, tok, task, "eval", eval_rows(task, config.eval.size), config)
 
 
 def run_pipeline(config: Config, console: Console | None = None) -> dict[str, Any]:

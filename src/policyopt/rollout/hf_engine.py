@@ -29,7 +29,7 @@ tree rollouts (a fork would need the grammar state at its position).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -40,7 +40,13 @@ try:  # transformers >= 4.56 keeps the cache as one object per layer
 except ImportError:  # pragma: no cover - older transformers: the cache grows by torch.cat
     DynamicLayer = None
 
-from policyopt.models.logprobs import cache_kwarg
+from policyopt.models.logprobs import cache_kwarg, trunk_of
+from policyopt.models.precision import (
+    frozen_linears_in_bf16,
+    head_logits,
+    is_mixed,
+    mixed_precision,
+)
 from policyopt.rollout.base import (
     ENGINES,
     FinishedFn,
@@ -110,6 +116,13 @@ class HFEngine(RolloutEngine):
         self.generator = generator
         self.cache_keyword = cache_kwarg(model)  # the forward's name for its KV cache
 
+    @property
+    def exact_logprobs(self) -> bool:  # type: ignore[override]
+        """Whether the sampling log-probs are the trainer's own: not under bf16-mixed, where
+        decoding one token at a time rounds differently in bfloat16 from the trainer's
+        forward over the whole sequence (`models.precision`)."""
+        return not is_mixed(self.model)
+
     @torch.no_grad()
     def generate(
         self,
@@ -159,9 +172,37 @@ class HFEngine(RolloutEngine):
         was_training = self.model.training
         self.model.eval()
         try:
-            return self._sample(prompts, params, on_finished, keep_cache)
+            with self.precision():
+                return self._sample(prompts, params, on_finished, keep_cache)
         finally:
             self.model.train(was_training)
+
+    def precision(self) -> AbstractContextManager[object]:
+        """The context the model's forwards run in (`models.precision`): under bf16-mixed,
+        bfloat16 autocast, with frozen linear weights (LoRA's base layers) cast to bfloat16
+        once for the whole of it rather than at every token; nothing under fp32. Entered
+        again inside, it changes nothing."""
+        stack = ExitStack()
+        stack.enter_context(mixed_precision(self.model))
+        head = self.model.get_output_embeddings()
+        stack.enter_context(frozen_linears_in_bf16(self.model, skip=head))
+        return stack
+
+    def _last_logits(self, **inputs: object) -> tuple[torch.Tensor, object]:
+        """(logits [n, V] of each row's last position, KV cache) of one forward. Under
+        bf16-mixed the trunk runs under the caller's autocast and the LM head outside it, in
+        float32 (`models.precision.head_logits`), as in the trainer's log-probs."""
+        if not is_mixed(self.model):
+            out = self.model(**inputs, logits_to_keep=1)
+            return out.logits[:, -1], _cache_of(out)
+        trunk = trunk_of(self.model)
+        cache = inputs.pop(self.cache_keyword, None)
+        if cache is not None:
+            inputs[cache_kwarg(trunk)] = cache
+        out = trunk(**inputs)
+        head = self.model.get_output_embeddings()
+        # [n, 1, d] into the head, so that its hooks (`head_inputs`) see the usual shape
+        return head_logits(head, out.last_hidden_state[:, -1:])[:, -1], _cache_of(out)
 
     def _sample(
         self,
@@ -181,14 +222,9 @@ class HFEngine(RolloutEngine):
         pos = positions(mask)
         on_device = copy.to(device)
         with head_inputs(self.model, params.with_hidden) as hidden_steps:
-            out = self.model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=pos,
-                use_cache=True,
-                logits_to_keep=1,
+            logits, cache = self._last_logits(
+                input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True
             )
-            cache = _cache_of(out)
             if len(unique) < len(prompts):
                 cache.batch_select_indices(on_device)  # type: ignore[attr-defined]
             if hidden_steps:
@@ -196,7 +232,7 @@ class HFEngine(RolloutEngine):
             budget = torch.full((len(prompts),), params.max_new_tokens)
             decoded = self.decode(
                 cache,
-                out.logits[:, -1][on_device],
+                logits[on_device],
                 mask[on_device],
                 pos[on_device, -1:],
                 budget,
@@ -231,7 +267,27 @@ class HFEngine(RolloutEngine):
         paying for them; `Decoded.cache` is then None. `keep_cache` (the caller reads the
         cache afterwards: `generate_with_cache`, which tree forks start from), hidden-state
         capture (`params.with_hidden`, one entry
-        per row and step) and `compact_decode=False` keep every row to the end."""
+        per row and step) and `compact_decode=False` keep every row to the end.
+
+        The forwards run in the model's precision (`precision`), also when a tree strategy
+        calls this directly."""
+        with self.precision():
+            return self._decode(
+                cache, logits, mask, pos, budget, params, on_finished, matchers, keep_cache
+            )
+
+    def _decode(
+        self,
+        cache: object,
+        logits: torch.Tensor,
+        mask: torch.Tensor,
+        pos: torch.Tensor,
+        budget: torch.Tensor,
+        params: SamplingParams,
+        on_finished: FinishedFn | None,
+        matchers: RowMatchers | None,
+        keep_cache: bool,
+    ) -> Decoded:
         device = logits.device
         budget = budget.to(device)
         steps = int(budget.max())
@@ -306,15 +362,13 @@ class HFEngine(RolloutEngine):
             if lean is not None:
                 logits = lean(batch_tok, pos, mask4[..., : width + step + 1], cache)
                 continue
-            out = self.model(
+            logits, cache = self._last_logits(
                 input_ids=batch_tok[:, None],
                 attention_mask=mask[:, : width + step + 1],
                 position_ids=pos,
                 use_cache=True,
                 **{self.cache_keyword: cache},
             )
-            cache = _cache_of(out)
-            logits = out.logits[:, -1]
         return Decoded(
             tokens=torch.stack(tokens, 1),
             logp=torch.stack(logps, 1),

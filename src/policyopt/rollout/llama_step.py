@@ -9,7 +9,9 @@ q/k/v projections, `apply_rotary_pos_emb`, the cache layer's `update`, transform
 attention function, o projection, residual, post-attention norm, MLP, residual; final norm,
 LM head), with the attention mask built once per decode, so its logits are the forward's
 (tested equal). Module calls keep hooks and wrappers on the projections and the head working
-(GAR's hook on the LM head, LoRA layers).
+(GAR's hook on the LM head, LoRA layers). Under bf16-mixed it runs inside the engine's
+autocast and the head outside it (`models.precision.head_logits`), as the engine's forward
+path does.
 
 It serves only what it reproduces: exactly `LlamaForCausalLM` with its own layer classes,
 SDPA attention, eval mode, no hooks on the model or its trunk, and a KV cache made of
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+
+from policyopt.models.precision import head_logits
 
 try:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -94,4 +98,5 @@ class LlamaDecodeStep:
             h = residual + attn.o_proj(out)
             residual = h
             h = residual + layer.mlp(layer.post_attention_layernorm(h))
-        return self.model.lm_head(trunk.norm(h))[:, -1]
+        # The head outside autocast: float32 logits under bf16-mixed (models/precision.py).
+        return head_logits(self.model.lm_head, trunk.norm(h))[:, -1]

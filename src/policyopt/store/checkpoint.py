@@ -4,7 +4,8 @@ A checkpoint is a folder `checkpoints/step-XXXXXXXX/` holding the model in Huggi
 format (safetensors; the adapter only for a LoRA model, optionally merged weights too),
 `trainer_state.pt` (optimizer, scheduler, RNG states, data position, step, shaper states;
 tensors and plain data only, loaded with `weights_only=True`), the run's config
-(`run_config.yaml`), and last of all the completion marker `COMPLETE`.
+(`run_config.yaml`, signed as this user's: `run_config.yaml.sig`), the hashes of its data files (`data_fingerprint.json`, compared on
+resume by `policyopt.config.resume_check`), and last of all the completion marker `COMPLETE`.
 
 A checkpoint is complete only if its marker is there and every file the marker lists has
 the size it records; everything else (a folder a killed save or an older policyopt left, a
@@ -16,11 +17,16 @@ the temporary folder `begin_checkpoint` made are synced, marked, then renamed in
 step saved again replaces the old folder only after the new one is complete, and `recover`
 puts the old one back if a kill came between the two renames. `commit_checkpoint` wraps the
 two around a `write(folder)` callback, for a single process.
+
+A save that fails for want of space (ENOSPC or a quota, however the writer reports it) is
+a `DiskFullError` naming the folder and the last complete checkpoint, after the partial
+folder is removed; the complete checkpoints are untouched.
 """
 
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import os
 import pickle
@@ -34,10 +40,14 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from policyopt.store import provenance
+
 PREFIX = "step-"
 STATE_FILE = "trainer_state.pt"
 CONFIG_FILE = "run_config.yaml"
 MARKER = "COMPLETE"
+DATA_FILE = "data_fingerprint.json"
+DATA_KEY = "data_fingerprint"  # the trainer state's entry written to DATA_FILE
 FORMAT = 1
 TEMP = ".tmp-"  # a save in progress, or a pruned checkpoint being deleted
 REPLACED = ".replaced-"  # the previous copy of a step being saved again
@@ -45,6 +55,11 @@ REPLACED = ".replaced-"  # the previous copy of a step being saved again
 
 class UnsafeCheckpointError(ValueError):
     """A state file holds objects other than tensors and plain data: loading it could run code."""
+
+
+class DiskFullError(OSError):
+    """No space left to write a checkpoint; the message names the folder and the last
+    complete checkpoint."""
 
 
 def checkpoint_root(output_dir: str | Path) -> Path:
@@ -87,7 +102,21 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 # ----------------------------------------------------------------- state file
 def save_state(folder: Path, state: dict[str, Any]) -> None:
+    """`trainer_state.pt`, and the data fingerprint (if the state has one) as readable JSON
+    beside it, where a resume reads it without loading the state."""
+    state = dict(state)
+    data = state.pop(DATA_KEY, None)
+    if data is not None:
+        (folder / DATA_FILE).write_text(json.dumps(data, indent=1, sort_keys=True))
     torch.save(state, folder / STATE_FILE)
+
+
+def read_data_fingerprint(checkpoint: Path) -> dict[str, Any] | None:
+    """The data fingerprint a checkpoint was saved with; None for one without."""
+    path = checkpoint / DATA_FILE
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())
 
 
 def load_state(checkpoint: Path) -> dict[str, Any]:
@@ -143,10 +172,46 @@ def commit_checkpoint(
     tmp = begin_checkpoint(output_dir, step)
     try:
         write(tmp)
-    except BaseException:
+        return finish_checkpoint(output_dir, step, keep_last=keep_last)
+    except BaseException as err:
+        full = out_of_space(err, tmp)  # asked before the space is given back
         shutil.rmtree(tmp, ignore_errors=True)  # e.g. a full disk: give the space back now
+        if full:
+            raise disk_full(output_dir, step) from err
         raise
-    return finish_checkpoint(output_dir, step, keep_last=keep_last)
+
+
+def out_of_space(err: BaseException, folder: Path) -> bool:
+    """Whether a failed write ran out of space: ENOSPC/EDQUOT, or a writer's own error (torch's
+    "basic_ios::clear", "file write failed") while the file system has (almost) no room."""
+    if isinstance(err, OSError):
+        return err.errno in (errno.ENOSPC, errno.EDQUOT)
+    if not isinstance(err, RuntimeError):
+        return False
+    try:
+        return free_space(folder if folder.exists() else folder.parent) < 1 << 20
+    except OSError:
+        return False
+
+
+def free_space(path: Path) -> int:
+    """Bytes free on the file system of `path`."""
+    return shutil.disk_usage(path).free
+
+
+def disk_full(output_dir: str | Path, step: int) -> DiskFullError:
+    latest = latest_checkpoint(output_dir)
+    last = (
+        f"the last complete checkpoint is step {step_of(latest)} ({latest})"
+        if latest is not None
+        else "no checkpoint of this run is complete"
+    )
+    error = DiskFullError(
+        f"no space left on {checkpoint_root(output_dir)} to save step {step}; {last}. Free "
+        "space (or lower train.keep_last) and run the same command again"
+    )
+    error.errno = errno.ENOSPC  # set after: given to the constructor it would prefix "[Errno 28]"
+    return error
 
 
 def begin_checkpoint(output_dir: str | Path, step: int) -> Path:
@@ -164,6 +229,9 @@ def finish_checkpoint(output_dir: str | Path, step: int, *, keep_last: int) -> P
     deleted after), then prune to the newest `keep_last` complete checkpoints."""
     tmp = _temporary(output_dir, step)
     final = checkpoint_root(output_dir) / f"{PREFIX}{step:08d}"
+    if (tmp / CONFIG_FILE).is_file():
+        # Written by this user's policyopt: `eval` obeys the code it names (store/provenance.py).
+        provenance.sign(tmp / CONFIG_FILE)
     _fsync_tree(tmp)
     mark_complete(tmp, step)
     _publish(tmp, final)

@@ -42,7 +42,7 @@ class Task(ABC):
     # policy of this kind.
     policy: str = "lm"
     # The JSON schemas of the tools its environment offers (multi-turn rollouts,
-    # `policyopt.tasks.environment`), for chat templates that list them in the prompt
+    # `policyopt.rollout.environment`), for chat templates that list them in the prompt
     # (`apply_chat_template(..., tools=...)`); empty for none.
     tools: tuple[dict[str, Any], ...] = ()
     # The quickstart pipeline of this task's recipes: "rl" (pipelines/quickstart.py: SFT, RL,

@@ -9,9 +9,9 @@ which extra to install (`policyopt.core.registry.Registry.lazy`).
 from __future__ import annotations
 
 from policyopt.rewards.functions import REWARD_FUNCTIONS
+from policyopt.rollout.environment import ENVIRONMENTS
 from policyopt.rollout.grammar import GRAMMARS
 from policyopt.tasks.base import TASKS
-from policyopt.tasks.environment import ENVIRONMENTS
 
 # DocPO's document parsing (lxml, apted, rapidfuzz, sympy, latex2sympy2).
 DOCPARSE = "policyopt.envs.docparse"

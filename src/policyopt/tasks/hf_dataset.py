@@ -22,6 +22,7 @@ last user message), the trainer renders them with the tokenizer's chat template
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Callable
@@ -61,7 +62,9 @@ def load_rows(path: str) -> datasets.Dataset:
         # a bare StopIteration): the file is read once here first, to say where it is wrong.
         check_json_rows(path)
     try:
-        rows = datasets.load_dataset(_LOADERS[suffix], data_files=path, split="train")
+        rows = datasets.load_dataset(
+            _LOADERS[suffix], data_files=path, split="train", cache_dir=content_cache(path)
+        )
     except Exception as error:  # noqa: BLE001 - the reader's error, in one line
         reason = (str(error).strip().splitlines() or [""])[0][:200]
         raise ValueError(
@@ -70,6 +73,20 @@ def load_rows(path: str) -> datasets.Dataset:
     if len(rows) == 0:
         raise ValueError(f"{path} has no rows")
     return rows
+
+
+def content_cache(path: str) -> str:
+    """A `datasets` cache folder keyed by the file's bytes (sha256). The library keys its
+    cache on the path and modification time only, so a file replaced by one with the same
+    time (a copy that keeps times, a checkout, a coarse clock) would be read as the old
+    rows; under this folder, other bytes are another cache."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return os.path.join(
+        datasets.config.HF_DATASETS_CACHE, "policyopt-by-content", digest.hexdigest()[:24]
+    )
 
 
 def check_json_rows(path: str) -> None:

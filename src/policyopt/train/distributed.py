@@ -34,6 +34,7 @@ import torch.distributed as tdist
 from torch import nn
 
 from policyopt.models.logprobs import response_logprobs, trunk_of
+from policyopt.models.precision import mixed_precision
 
 PARALLEL_MODES = ("auto", "none", "ddp", "fsdp2")
 
@@ -191,17 +192,19 @@ class PolicyForward(nn.Module):
         allowed_bits: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """`allowed_bits` [B, width, ceil(V / 32)]: the grammar's allowed tokens, packed
-        (`Rollouts.allowed_bits`)."""
-        logp = response_logprobs(
-            self.policy,
-            ids,
-            mask,
-            width,
-            temperature=self.temperature,
-            chunk_size=self.chunk_size,
-            share_prompts=self.share_prompts,
-            allowed_bits=allowed_bits,
-        ).logp
+        (`Rollouts.allowed_bits`). Under bf16-mixed the forward runs under autocast, the
+        log-probs come out float32 (`models.precision`)."""
+        with mixed_precision(self.policy):
+            logp = response_logprobs(
+                self.policy,
+                ids,
+                mask,
+                width,
+                temperature=self.temperature,
+                chunk_size=self.chunk_size,
+                share_prompts=self.share_prompts,
+                allowed_bits=allowed_bits,
+            ).logp
         if self.grad_scale != 1.0 and logp.requires_grad:
             logp.register_hook(lambda g: g * self.grad_scale)
         return logp
@@ -327,6 +330,24 @@ def local_state_mb(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[s
 
 
 # ---------------------------------------------------------------- micro-batch passes
+@dataclass
+class Padding:
+    """What the forwards of micro-batch passes computed: the positions of their
+    [rows, prompt + response] tensors (after `batch.trim`), and how many were padding."""
+
+    positions: int = 0
+    padded: int = 0
+
+    def add(self, attention_mask: torch.Tensor) -> None:
+        self.positions += attention_mask.numel()
+        self.padded += int((attention_mask == 0).sum())
+
+    def fraction(self, dist: Dist) -> float:
+        """Padding positions / all positions, over every rank's passes (a collective)."""
+        positions, padded = dist.sum(self.positions, self.padded)
+        return padded / positions if positions else 0.0
+
+
 class MicroBatches:
     """The micro-batch passes over a minibatch's `rows`, and what they add up to.
 
@@ -335,17 +356,39 @@ class MicroBatches:
     collective, so every rank runs as many passes as the busiest one: a rank's extra passes
     replay its last micro-batch with loss × 0 (a replay counts for nothing), and gradients
     are synchronised on the last pass only (nanoGPT's one line, as a context around it).
-    `result()` gives the pooled metrics and the summed loss over all ranks."""
+    `result()` gives the pooled metrics and the summed loss over all ranks.
+
+    `lengths` [N] (a length per row of the batch that `rows` index): rows that make more
+    than one micro-batch are taken longest first, so that each micro-batch, trimmed, is
+    padded to its own longest row rather than the minibatch's. Every loss normaliser is the
+    minibatch's (core.aggregation), so the summed loss and gradient are those of any split,
+    up to the order of float sums. `padding` counts what each of this rank's own passes
+    computes (`computed`)."""
 
     def __init__(
-        self, dist: Dist, rows: torch.Tensor, size: int, wrapped: nn.Module | None = None
+        self,
+        dist: Dist,
+        rows: torch.Tensor,
+        size: int,
+        wrapped: nn.Module | None = None,
+        *,
+        lengths: torch.Tensor | None = None,
+        padding: Padding | None = None,
     ) -> None:
+        if lengths is not None and len(rows) > size:
+            rows = rows[torch.sort(lengths[rows], descending=True, stable=True).indices]
         self.dist, self.rows, self.wrapped = dist, rows, wrapped
         self.slices = [slice(i, min(i + size, len(rows))) for i in range(0, len(rows), size)]
         self.passes = dist.max_int(len(self.slices))
         self.counts = True  # whether the current pass is one of this rank's own
         self.pool = MetricPool()
         self.loss_sum = 0.0
+        self.padding = padding
+
+    def computed(self, attention_mask: torch.Tensor) -> None:
+        """The current pass ran its forward on `attention_mask` [rows, positions]."""
+        if self.counts and self.padding is not None:
+            self.padding.add(attention_mask)
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         for k in range(self.passes):

@@ -42,7 +42,12 @@ def _language_model(model: ModelConfig, task: Task) -> tuple[Any, Any]:
         )
     from policyopt.models.loading import load_model  # transformers: only for an LM
 
-    return load_model(name, dtype=model.dtype, device=model.device)
+    return load_model(
+        name,
+        dtype=model.dtype,
+        device=model.device,
+        trust_remote_code=model.trust_remote_code,
+    )
 
 
 def _ranker(model: ModelConfig, task: Task) -> tuple[Any, Any]:

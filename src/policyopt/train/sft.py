@@ -10,6 +10,7 @@ from rich.console import Console
 
 from policyopt.config.load import OptimConfig, SFTConfig
 from policyopt.models.logprobs import response_logprobs
+from policyopt.models.precision import mixed_precision
 from policyopt.rollout.hf_engine import left_pad
 from policyopt.store.metrics_log import progress_bar
 from policyopt.tasks.base import Task
@@ -79,12 +80,14 @@ def sft_backward(
 ) -> float:
     """Backward of the batch's completion loss, -sum(log p) / completion tokens over the
     whole batch, run as `buckets` length-sorted micro-batches (each one's sum divided by the
-    batch's count, so the gradients add up to the one-batch gradient); the loss."""
+    batch's count, so the gradients add up to the one-batch gradient); the loss. The forward
+    runs in the model's precision (`models.precision`: bfloat16 autocast under bf16-mixed)."""
     count = sum(len(c) for _, c in pairs)
     total = 0.0
     for chunk in length_buckets(pairs, buckets):
         ids, mask, width, loss_mask = completion_batch(chunk, pad_id)
-        logp = response_logprobs(model, ids, mask, width, chunk_size=chunk_size).logp
+        with mixed_precision(model):
+            logp = response_logprobs(model, ids, mask, width, chunk_size=chunk_size).logp
         loss = -(logp * loss_mask).sum() / count
         loss.backward()
         total += float(loss.detach())

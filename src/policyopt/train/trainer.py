@@ -11,6 +11,11 @@ import copy
 import gc
 import os
 import random
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +24,13 @@ import torch
 from rich.console import Console
 
 from policyopt.config.load import Config, dump_config
-from policyopt.config.resume_check import check_resume_config
+from policyopt.config.resume_check import check_resume_config, check_resume_data, data_fingerprint
 from policyopt.core.tis import DEFAULT_TIS_CAP
 from policyopt.models.lora import apply_lora, disabled_adapter
+from policyopt.models.precision import set_precision
 from policyopt.models.threads import apply_num_threads
 from policyopt.store import checkpoint as ckpt
+from policyopt.store import run_folder
 from policyopt.store.metrics_log import MetricsLogger, progress_bar, read_metrics
 from policyopt.store.plot import plot_metrics
 from policyopt.train import dist_checkpoint
@@ -40,7 +47,7 @@ from policyopt.train.held_out import eval_rows, evaluate_run
 from policyopt.train.optim import build_optimizer
 from policyopt.train.parts import build_parts
 from policyopt.train.policy import load_policy
-from policyopt.train.prompts import PromptSampler
+from policyopt.train.prompts import PromptSampler, encode_prompts
 from policyopt.train.step import StepState, train_step
 from policyopt.train.update import NonFiniteUpdateError, Optimization
 
@@ -66,12 +73,28 @@ class Trainer:
         self.dist = setup(cfg.train.parallel, cfg.model.device)
         seed_everything(cfg.train.seed)
         self.output_dir = Path(cfg.train.output_dir)
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        # Which checkpoint to continue, checked against its config before anything is
-        # written; rank 0 repairs and decides, the other ranks follow.
-        self.resume_from = self.dist.broadcast(self._resume_point() if self.dist.is_main else None)
+        # The folder is this run's before anything is written: refused if it holds the
+        # user's files or another live run (store/run_folder.py); rank 0 holds it.
         if self.dist.is_main:
-            _write_atomically(self.output_dir / "config.yaml", dump_config(cfg))
+            run_folder.claim(self.output_dir)
+        try:
+            self._set_up(model, tokenizer)
+        except BaseException:
+            # A run that never started leaves no run behind (no config.yaml that looks like
+            # one); a folder it created and wrote nothing else into goes too.
+            if self.dist.is_main:
+                run_folder.release(self.output_dir, abandon=True)
+            raise
+
+    def _set_up(self, model: torch.nn.Module | None, tokenizer: Any) -> None:
+        cfg = self.config
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        # The data the run trains on, by content: saved with each checkpoint and compared on
+        # resume (config/resume_check.py), as the config is.
+        self.data_fingerprint = data_fingerprint(cfg) if self.dist.is_main else {}
+        # Which checkpoint to continue, checked against its config and data before anything
+        # is written; rank 0 repairs and decides, the other ranks follow.
+        self.resume_from = self.dist.broadcast(self._resume_point() if self.dist.is_main else None)
         # Every part checked and bound to its options, the task built (before any model).
         self.parts = parts = build_parts(cfg)
         self.task, self.reward_fn = parts.task, parts.reward
@@ -83,6 +106,10 @@ class Trainer:
             model, tokenizer = load_policy(
                 cfg.model.model_copy(update={"device": device}), self.task
             )
+        # A prompt that leaves no room for its response fails here, naming the row, not
+        # deep in the first rollout (or, with rotary positions, trains past them silently).
+        check_positions(model, tokenizer, self.task, "train", self.train_rows, cfg)
+        check_positions(model, tokenizer, self.task, "eval", self.eval_rows, cfg)
         if cfg.model.lora.enabled:
             lora = cfg.model.lora
             model = apply_lora(
@@ -92,6 +119,7 @@ class Trainer:
                 target_modules=lora.target_modules,
                 dropout=lora.dropout,
             )
+        set_precision(model, cfg.model.precision)  # after LoRA: its adapters are trainable
         self.num_threads = apply_num_threads(cfg.train.num_threads, model)  # "auto": by size
         pad_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -142,6 +170,8 @@ class Trainer:
         self._maybe_resume()
         if self.dist.rank and self.resume_from is None:  # each rank samples its own responses
             seed_everything(cfg.train.seed * 1_000_003 + self.dist.rank)
+        if self.dist.is_main:  # once set-up succeeded: a run that failed to start leaves none
+            _write_atomically(self.output_dir / "config.yaml", dump_config(cfg))
 
     # Short names for what the state holds (checkpointing, evaluation and tests read them).
     @property
@@ -257,6 +287,7 @@ class Trainer:
                 )
         if path is not None:
             changed = check_resume_config(path / ckpt.CONFIG_FILE, path, self.config)
+            changed += check_resume_data(path, self.data_fingerprint, self.config)
             if changed:
                 self.console.print(f"resuming anyway with changed {', '.join(changed)}")
         return path
@@ -265,7 +296,7 @@ class Trainer:
         path = self.resume_from
         if path is None:
             if self.dist.is_main:
-                self._forget_logs_after(0)  # a run killed before its first checkpoint
+                self._start_over()
             return
         # The state is refused before anything is touched if unsafe.
         state = dist_checkpoint.load(
@@ -289,15 +320,42 @@ class Trainer:
         self.optimization.nonfinite_in_a_row = nonfinite.get("in_a_row", 0)
         self.optimization.nonfinite_total = nonfinite.get("total", 0)
         if self.dist.is_main:
-            self._forget_logs_after(self.step)
-            self.console.print(f"resumed from {path} at step {self.step}")
+            dropped = self._forget_logs_after(self.step)
+            later = f"; dropped {dropped} logged step(s) after it" if dropped else ""
+            self.console.print(
+                f"resuming from step {self.step} ({path}){later}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
 
-    def _forget_logs_after(self, step: int) -> None:
+    def _start_over(self) -> None:
+        """Step 0 in a folder whose logs may hold an earlier attempt (killed before its first
+        checkpoint, or train.resume=null): what is dropped is said, not done silently."""
+        dropped = self._forget_logs_after(0)
+        if dropped:
+            why = (
+                "train.resume=null"
+                if self.config.train.resume is None
+                else f"no complete checkpoint in {self.output_dir}"
+            )
+            self.console.print(
+                f"starting at step 1 ({why}): dropped the {dropped} logged step(s) of the "
+                "earlier attempt from metrics.jsonl",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
+
+    def _forget_logs_after(self, step: int) -> int:
+        """Drop log records past `step`; returns how many metrics.jsonl steps went."""
+        before = {r.get("step") for r in read_metrics(self.logger.jsonl)}
         torn = self.logger.truncate_after(step)
         if torn:
             self.console.print(
                 f"dropped {torn} torn line(s) from the JSONL logs (killed mid-write)"
             )
+        return sum(1 for s in before if isinstance(s, int) and s > step)
 
     def _apply_optim_config(self) -> None:
         """The optimizer's hyperparameters from the config, not the checkpoint: the same values
@@ -324,6 +382,8 @@ class Trainer:
                 "in_a_row": self.optimization.nonfinite_in_a_row,
                 "total": self.optimization.nonfinite_total,
             },
+            # Written beside the state (checkpoint.save_state), read by the next resume.
+            ckpt.DATA_KEY: self.data_fingerprint,
         }
         # Optimizer and RNG states are added there (sharded under FSDP2; every rank's RNG).
         return dist_checkpoint.save(
@@ -342,7 +402,28 @@ class Trainer:
 
     # ----------------------------------------------------------------- the loop
     def train(self, until_step: int | None = None) -> dict[str, float]:
-        """Train to `config.train.steps` (or stop early at `until_step`, saving there)."""
+        """Train to `config.train.steps` (or stop early at `until_step`, saving there).
+
+        Ctrl-C (SIGINT) ends the step under way, saves it and raises `RunInterrupted`; a
+        second Ctrl-C stops at once, losing the steps since the last checkpoint."""
+        try:
+            with interrupt_requests() as interrupted:
+                return self._train(until_step, interrupted)
+        except RunInterrupted:
+            raise
+        except KeyboardInterrupt:  # a second Ctrl-C, or one where no handler could be set
+            latest = ckpt.latest_checkpoint(self.output_dir)
+            resume = (
+                f"the latest checkpoint is step {ckpt.step_of(latest)}, where the same "
+                "command resumes"
+                if latest is not None
+                else "no checkpoint was saved, so the same command starts over"
+            )
+            raise RunInterrupted(
+                f"interrupted in step {self.step + 1}, before it was complete; {resume}"
+            ) from None
+
+    def _train(self, until_step: int | None, interrupted: Callable[[], bool]) -> dict[str, float]:
         cfg = self.config.train
         last = min(cfg.steps, until_step) if until_step is not None else cfg.steps
         final: dict[str, float] = {}
@@ -359,10 +440,19 @@ class Trainer:
                     self.logger.log(self.step, metrics)
                 if halt:
                     raise NonFiniteUpdateError(halt)
-                if cfg.save_every and self.step % cfg.save_every == 0:
+                saved = bool(cfg.save_every) and self.step % cfg.save_every == 0
+                if saved:
                     self.save()
                 bar.update(task_id, completed=self.step, status=_status(metrics))
                 final = metrics
+                # Every rank stops at the same step boundary if any rank was interrupted.
+                if self.dist.max_int(int(interrupted())):
+                    path = None if saved else self.save()
+                    where = path or ckpt.latest_checkpoint(self.output_dir)
+                    raise RunInterrupted(
+                        f"interrupted at step {self.step}, saved as {where}; the same command "
+                        "resumes from it"
+                    )
         if cfg.save_every == 0 or self.step % cfg.save_every != 0:
             self.save()
         if cfg.plot and self.dist.is_main and (self.step == cfg.steps or self.budget_spent()):
@@ -451,11 +541,96 @@ class Trainer:
     def close(self) -> None:
         self.logger.close()
         self.reward_fn.close()
+        if self.dist.is_main:
+            run_folder.release(self.output_dir)
         if self.dist.active and torch.distributed.is_initialized():
             # Wrappers (DDP's reducer) must go before their process group, or exit hangs.
             self.state = None  # the policy, its optimizer and the engine with it
             gc.collect()
             torch.distributed.destroy_process_group()
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C ended the run; the message says at which step and where it resumes."""
+
+
+@contextmanager
+def interrupt_requests() -> Iterator[Callable[[], bool]]:
+    """A function telling whether SIGINT arrived since entry. The first Ctrl-C only sets it
+    (the step under way finishes, so the state saved is whole); the second restores Python's
+    handler and stops at once. Outside the main thread (no handler can be set) Ctrl-C
+    behaves as usual."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    seen = threading.Event()
+    previous = signal.getsignal(signal.SIGINT)
+
+    def first(signum: int, frame: Any) -> None:
+        seen.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print(
+            "interrupt: finishing this step and saving it (Ctrl-C again to stop at once)",
+            file=sys.stderr,
+        )
+
+    signal.signal(signal.SIGINT, first)
+    try:
+        yield seen.is_set
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def check_positions(
+    model: Any, tokenizer: Any, task: Any, split: str, rows: Any, config: Config
+) -> None:
+    """Raise a ValueError naming the first row of `split` whose prompt plus the response
+    budget (rollout.max_new_tokens; for eval rows, eval.max_new_tokens when set) exceeds the
+    model's positions (`max_position_embeddings`; a model without one is not checked)."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if not isinstance(limit, int) or tokenizer is None:
+        return
+    setting, budget = "rollout.max_new_tokens", config.rollout.max_new_tokens
+    if split == "eval" and config.eval.max_new_tokens:
+        setting, budget = "eval.max_new_tokens", config.eval.max_new_tokens
+    chat = config.model.chat_template
+    # A token covers at least one UTF-8 byte, so a text prompt of fewer bytes than the room
+    # left (less the chat template's own tokens) fits without encoding it.
+    templated = bool(getattr(tokenizer, "chat_template", None))
+    frame = 0
+    if chat and templated:
+        empty = [{"role": "user", "content": ""}]
+        ids = tokenizer.apply_chat_template(empty, add_generation_prompt=True, tokenize=True)
+        frame = len(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    room = limit - budget
+    for index, row in enumerate(_each_row(rows)):
+        messages = task.prompt_messages(row)
+        if messages is not None and not templated:
+            continue  # cannot be encoded at all: the first step says why (no chat template)
+        text = messages is None and task.format_prompt(row)
+        if text and len(text.encode()) + frame + 8 < room:
+            continue
+        n = len(encode_prompts(task, tokenizer, [row], chat)[1][0])
+        if n + budget > limit:
+            name = getattr(getattr(model, "config", None), "_name_or_path", "") or "the model"
+            raise ValueError(
+                f"{split} row {index} (counting from 0): its prompt is {n} tokens, and with "
+                f"{setting}={budget} a rollout needs {n + budget} positions, more than the "
+                f"{limit} of {name} (max_position_embeddings); shorten the prompt or lower "
+                f"{setting}"
+            )
+
+
+def _each_row(rows: Any) -> Iterator[dict[str, Any]]:
+    """The rows of a `datasets.Dataset` read a column batch at a time (indexing one row at a
+    time costs seconds per 20,000 rows), or of a list as they are."""
+    if not hasattr(rows, "iter"):
+        yield from rows
+        return
+    for batch in rows.iter(batch_size=4096):
+        columns = list(batch)
+        for i in range(len(batch[columns[0]]) if columns else 0):
+            yield {c: batch[c][i] for c in columns}
 
 
 def _write_atomically(path: Path, text: str) -> None:

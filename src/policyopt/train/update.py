@@ -7,6 +7,21 @@ losses and gradients equal one pass over the minibatch (see core.aggregation). U
 parallelism the minibatch is the union of every rank's rows: normalisers are summed over
 ranks, gradients summed by the wrapper, and the micro-batch passes (replays included) are
 `distributed.MicroBatches`.
+
+Rows that make more than one micro-batch go through them longest first (`lengths`), so that
+each micro-batch is padded only to its own longest row; the normalisers being global, the
+loss and gradient are those of the batch's own order up to float summation order. Metrics
+this module adds to the step's:
+
+- `padded_fraction`: of the positions of the [rows, prompt + response] micro-batch tensors
+  the update's forwards ran on (old and reference log-probs included), the share that is
+  padding: what smaller micro-batches (`train.micro_batch_size`) could still save.
+- `logp_gap_mean`, `logp_gap_max`: |log π_old − log π_sampler| over the loss's tokens, the
+  gap between the trainer's log-probs and the sampler's that truncated importance sampling
+  corrects (core/tis.py); reported where that gap is not zero by construction: TIS on, or
+  a bf16-mixed model (`models.precision`). π_old is the recomputed behaviour policy, or the
+  policy at the minibatch's step on-policy (the same thing with one step per batch); with
+  stale rollouts it is the sampler's own and the gap is 0.
 """
 
 from __future__ import annotations
@@ -25,9 +40,10 @@ from policyopt.core.diagnostics import ratio_diagnostics
 from policyopt.core.losses import LossInputs, Normalisers, apply_policy_loss
 from policyopt.core.structure import gather
 from policyopt.core.tis import ISWeights
+from policyopt.models.precision import is_mixed
 from policyopt.rollout.base import Rollouts, require_entropies
 from policyopt.train.batch import Batch, consumer_structure, slice_structure, trim
-from policyopt.train.distributed import Dist, MetricPool, MicroBatches, to_local_float
+from policyopt.train.distributed import Dist, MetricPool, MicroBatches, Padding, to_local_float
 
 # How a KL term is averaged for a loss with its own normalisation (no `agg`: gspo, hispo):
 # per sequence, then over sequences.
@@ -101,15 +117,16 @@ def update(loss: BoundLoss, batch: Batch, opt: Optimization) -> dict[str, float]
     # update; with one optimizer step per batch the ratio is exactly 1 and logp.detach()
     # gives the same loss and gradient (as TRL and verl do on-policy).
     off_policy = opt.ppo_epochs > 1 or opt.minibatches > 1
+    padding = Padding()  # what the forwards below compute (module docstring)
     if opt.behaviour_old_logp:
         old_logp = batch.rollouts.logp * batch.rollouts.response_mask
     else:
-        old_logp = batch_logprobs(opt.policy, batch, opt) if off_policy else None
+        old_logp = batch_logprobs(opt.policy, batch, opt, padding) if off_policy else None
     ref_logp = None
     if loss.kl_coef > 0:
         assert opt.reference is not None, "a KL penalty needs a reference policy"
         with opt.reference_context() if opt.reference_context is not None else nullcontext():
-            ref_logp = batch_logprobs(opt.reference, batch, opt)
+            ref_logp = batch_logprobs(opt.reference, batch, opt, padding)
     pooled = MetricPool()
     grad_norms: list[float] = []
     skipped = 0
@@ -117,7 +134,9 @@ def update(loss: BoundLoss, batch: Batch, opt: Optimization) -> dict[str, float]
     for _ in range(opt.ppo_epochs):
         order = torch.randperm(n) if opt.minibatches > 1 else everything
         for minibatch in order.chunk(opt.minibatches):
-            metrics, tokens = minibatch_step(loss, batch, minibatch, opt, old_logp, ref_logp)
+            metrics, tokens = minibatch_step(
+                loss, batch, minibatch, opt, old_logp, ref_logp, padding
+            )
             pooled.add(metrics, tokens)
             norm, stepped = optimizer_step(opt, loss_finite=math.isfinite(metrics["loss"]))
             grad_norms.append(norm)
@@ -128,19 +147,36 @@ def update(loss: BoundLoss, batch: Batch, opt: Optimization) -> dict[str, float]
     out["nonfinite/skipped_updates"] = float(skipped)
     out["nonfinite/in_a_row"] = float(opt.nonfinite_in_a_row)
     out["nonfinite/total"] = float(opt.nonfinite_total)
+    out["padded_fraction"] = padding.fraction(opt.dist)
     return out
 
 
-def batch_logprobs(policy: torch.nn.Module, batch: Batch, opt: Optimization) -> torch.Tensor:
-    """No-grad log-probs of every row under `policy`, padded to the batch's width [N, R]."""
+def row_lengths(r: Rollouts) -> torch.Tensor:
+    """The order micro-batches take rows in, longest first (`MicroBatches`): by response
+    span (what `trim` pads responses to), then by prompt length."""
+    return r.lengths * (r.prompt_mask.shape[1] + 1) + r.prompt_mask.sum(-1)
+
+
+def batch_logprobs(
+    policy: torch.nn.Module, batch: Batch, opt: Optimization, padding: Padding | None = None
+) -> torch.Tensor:
+    """No-grad log-probs of every row under `policy`, padded to the batch's width [N, R];
+    what the forwards computed is counted in `padding`."""
     r = batch.rollouts
     out = torch.zeros(len(batch), r.response_ids.shape[1])
-    passes = MicroBatches(opt.dist, torch.arange(len(batch)), opt.micro_batch_size)
+    passes = MicroBatches(
+        opt.dist,
+        torch.arange(len(batch)),
+        opt.micro_batch_size,
+        lengths=row_lengths(r),
+        padding=padding,
+    )
     with torch.no_grad():
         for rows in passes:
             ids, mask, width = trim(
                 r.prompt_ids[rows], r.prompt_mask[rows], r.response_ids[rows], r.response_mask[rows]
             )
+            passes.computed(mask)
             lp = policy(ids, mask, width, **allowed_of(r, rows, width))
             if passes.counts:
                 out[rows, :width] = lp.float()
@@ -163,9 +199,11 @@ def minibatch_step(
     opt: Optimization,
     old_logp: torch.Tensor | None,
     ref_logp: torch.Tensor | None,
+    padding: Padding | None = None,
 ) -> tuple[dict[str, float], float]:
     """Forward and backward of `loss` on rows `minibatch` in micro-batches; (metrics pooled
-    over the micro-batches and ranks, token count)."""
+    over the micro-batches and ranks, token count). What the forwards computed is counted
+    in `padding`."""
     r, loss_mask = batch.rollouts, batch.loss_mask
     assert loss_mask is not None and batch.advantages is not None, "an unfinished batch"
     # Normalisers of the whole minibatch (core's definition: a sequence whose loss is
@@ -176,11 +214,20 @@ def minibatch_step(
     wanted = gather(loss.label, loss.fn, consumer_structure(r))
     if "entropies" in wanted:
         require_entropies(r, loss.label)
-    passes = MicroBatches(opt.dist, minibatch, opt.micro_batch_size, opt.policy)
+    report_gap = opt.tis_cap is not None or is_mixed(opt.model)
+    passes = MicroBatches(
+        opt.dist,
+        minibatch,
+        opt.micro_batch_size,
+        opt.policy,
+        lengths=row_lengths(r),
+        padding=padding,
+    )
     for rows in passes:
         ids, mask, width = trim(
             r.prompt_ids[rows], r.prompt_mask[rows], r.response_ids[rows], r.response_mask[rows]
         )
+        passes.computed(mask)
         logp = opt.policy(ids, mask, width, **allowed_of(r, rows, width))
         m = loss_mask[rows, :width]
         adv = batch.advantages[rows]
@@ -199,6 +246,8 @@ def minibatch_step(
             structure=slice_structure(wanted, r.pairwise, rows, width),
         )
         value, metrics = loss(inputs)
+        if report_gap:
+            metrics.update(logp_gap(old, sampling, m))
         if ref_logp is not None:
             kl = kl_penalty(logp, ref_logp[rows, :width], loss.kl_estimator)
             kl_loss = aggregate(
@@ -216,6 +265,16 @@ def minibatch_step(
         metrics.update(ratio_diagnostics(logp, old, m, segments))
         passes.backward(value, metrics, float(m.sum()))
     return passes.result()
+
+
+def logp_gap(old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Mean and max of |log π_old − log π_sampler| over the tokens of `mask` [n, T] (module
+    docstring); MetricPool pools the mean by tokens, the max by max."""
+    gap = (old.detach().float() - sampling.float()).abs() * mask
+    return {
+        "logp_gap_mean": float(gap.sum() / mask.sum().clamp(min=1)),
+        "logp_gap_max": float(gap.max()) if gap.numel() else 0.0,
+    }
 
 
 def optimizer_step(opt: Optimization, loss_finite: bool) -> tuple[float, bool]:
