@@ -24,6 +24,7 @@ from policyopt.tasks.base import get_task
 from policyopt.tasks.ranking import RankingTask
 from policyopt.train.held_out import eval_rows
 from policyopt.train.policy import load_policy
+from policyopt.train.prompts import check_chat_template
 from policyopt.train.sft import run_sft
 from policyopt.train.trainer import Trainer, check_positions, seed_everything
 
@@ -60,6 +61,7 @@ def fine_tune(config: Config, console: Console | None = None) -> tuple[Any, Any,
         trust_remote_code=config.model.trust_remote_code,
     )
     set_precision(model, config.model.precision)
+    check_chat_template(config, tok)  # before minutes of SFT
     apply_num_threads(config.train.num_threads, model)  # SFT threads as RL's (train.num_threads)
     task = get_task(config.task.name, **config.task.options)
     metrics = run_sft(
@@ -134,6 +136,8 @@ def run_pipeline(config: Config, console: Console | None = None) -> dict[str, An
             f"SFT warm start of {config.model.name_or_path}: up to {config.sft.steps} steps of "
             f"{config.sft.batch_size} expert solutions (cached after the first run)"
         )
+    else:
+        say(f"no SFT warm start (sft.steps is 0): RL starts from {config.model.name_or_path}")
     model, tok, sft_metrics = warm_started_policy(config, console)
     t_sft = time.perf_counter() - start
     trainer = Trainer(config, model=model, tokenizer=tok, console=console)
@@ -283,7 +287,7 @@ def table_keys(initial: dict[str, float], final: dict[str, float]) -> list[str]:
 def summary_table(summary: dict[str, Any]) -> Table:
     table = Table(title=f"{summary['recipe']} (seed {summary['seed']}): held-out evaluation")
     table.add_column("metric")
-    table.add_column("before RL (SFT)", justify="right")
+    table.add_column("before RL (SFT)" if summary.get("sft") else "before RL", justify="right")
     table.add_column("after RL", justify="right")
     for key in table_keys(summary["initial_eval"], summary["final_eval"]):
         before = summary["initial_eval"][key]

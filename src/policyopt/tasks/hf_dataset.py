@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +40,17 @@ from policyopt.rewards.functions import (
 from policyopt.tasks.base import TASKS, Task
 
 _LOADERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+ANSWER_MATCHES = ("exact", "last_number")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def _same_number(got: str, answer: str) -> bool:
+    """Equal as numbers (9 and 9.0), else as text."""
+    try:
+        return float(got) == float(answer)
+    except ValueError:
+        return got == answer
+
 
 # The longest prompt a row may have, in characters: 2^20, about four characters per token
 # for 262,144 tokens, beyond the positions of any model this trains. A longer prompt is a
@@ -217,7 +229,18 @@ class HFDatasetTask(Task):
         seed: int = 0,
         prompt_template: str = "{prompt}",
         reward_function: str | RewardFunction | None = None,
+        answer_match: str = "exact",
     ) -> None:
+        """answer_match: how the verifier compares a completion with the answer column
+        without a reward function: "exact" (the stripped completion equals the answer) or
+        "last_number" (the completion's last number equals the answer's, for models that
+        answer in sentences; no number: unparseable)."""
+        if answer_match not in ANSWER_MATCHES:
+            raise ValueError(
+                f"{self.name} task: answer_match must be one of {', '.join(ANSWER_MATCHES)}, "
+                f"got {answer_match!r}"
+            )
+        self.answer_match = answer_match
         if eval_path is not None and eval_fraction is not None:
             raise ValueError(f"{self.name} task: give eval_path or eval_fraction, not both")
         if eval_fraction is not None and not 0.0 < eval_fraction < 1.0:
@@ -290,12 +313,20 @@ class HFDatasetTask(Task):
         return self.prompt_template.replace("{prompt}", prompt)
 
     def extract_answer(self, completion: str) -> str | None:
-        """The whole completion, stripped (exact-match tasks have no answer marker)."""
+        """The whole completion, stripped (exact match has no answer marker), or its last
+        number (`answer_match: last_number`; None without one)."""
+        if self.answer_match == "last_number":
+            found = _NUMBER.findall(completion)
+            return found[-1] if found else None
         return completion.strip()
 
     def verify(self, completion: str, row: dict[str, Any]) -> float | None:
         if self.reward_function is None:
-            return 1.0 if completion.strip() == str(row[self.answer_column]).strip() else 0.0
+            answer = str(row[self.answer_column]).strip()
+            if self.answer_match == "last_number":
+                got = self.extract_answer(completion)
+                return None if got is None else float(_same_number(got, answer))
+            return 1.0 if completion.strip() == answer else 0.0
         messages = self.prompt_messages(row)
         prompt = self.format_prompt(row) if messages is None else messages
         return _call_one(self.reward_function, prompt, completion, row)

@@ -95,6 +95,18 @@ def _chat_ids(
     return list(x["input_ids"]) if hasattr(x, "keys") else list(x)
 
 
+def check_chat_template(config: Any, tokenizer: Any) -> None:
+    """`model.chat_template: true` with a tokenizer that has none (the embedded model's
+    character tokenizer) is one line before any work, not transformers' error mid-run."""
+    from policyopt.config.schema import ConfigError
+
+    if config.model.chat_template and not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(
+            f"model.chat_template: true, but the tokenizer of {config.model.name_or_path!r} "
+            "has no chat template; set model.chat_template: false (plain-text prompts)"
+        )
+
+
 def _check_chat_template(tokenizer: Any) -> None:
     if not getattr(tokenizer, "chat_template", None):
         name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__

@@ -109,7 +109,13 @@ def run_sft(
     """Train on expert solutions for `cfg.steps` steps or `cfg.max_seconds`, whichever first."""
     rows = task.rows("train")
     if not task.sft_targets(rows[0]):
-        raise ValueError(f"task {task.name!r} has no expert solutions to fine-tune on")
+        column = getattr(task, "solution_column", "missing")
+        hint = (
+            "; name the column of worked solutions with task.options.solution_column"
+            if column is None
+            else ""
+        )
+        raise ValueError(f"task {task.name!r} has no expert solutions to fine-tune on{hint}")
     pad_id = (
         tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     )

@@ -47,7 +47,8 @@ from policyopt.train.held_out import eval_rows, evaluate_run
 from policyopt.train.optim import build_optimizer
 from policyopt.train.parts import build_parts
 from policyopt.train.policy import load_policy
-from policyopt.train.prompts import PromptSampler, encode_prompts
+from policyopt.train.prompts import PromptSampler, check_chat_template, encode_prompts
+from policyopt.train.stall import StallWatch
 from policyopt.train.step import StepState, train_step
 from policyopt.train.update import NonFiniteUpdateError, Optimization
 
@@ -106,6 +107,9 @@ class Trainer:
             model, tokenizer = load_policy(
                 cfg.model.model_copy(update={"device": device}), self.task
             )
+        # Limits before work: a chat template the tokenizer lacks (the embedded model's
+        # character tokenizer has none) is one line here, not transformers' error at step 1.
+        check_chat_template(cfg, tokenizer)
         # A prompt that leaves no room for its response fails here, naming the row, not
         # deep in the first rollout (or, with rotary positions, trains past them silently).
         check_positions(model, tokenizer, self.task, "train", self.train_rows, cfg)
@@ -160,6 +164,7 @@ class Trainer:
             dist=self.dist,
         )
         self.generated_tokens = 0  # over the whole run, for train.max_generated_tokens
+        self.stall = StallWatch()  # says once when every advantage stays 0
         # Logs, samples and plots come from rank 0 only.
         self.logger = MetricsLogger(
             self.output_dir,
@@ -431,6 +436,9 @@ class Trainer:
             task_id = bar.add_task("train", total=cfg.steps, completed=self.step, status="")
             while self.step < last and not self.budget_spent():
                 metrics = self.run_step()
+                stalled = self.stall.update(metrics)
+                if stalled and self.dist.is_main:
+                    self.console.print(f"warning at step {self.step}: {stalled}", soft_wrap=True)
                 if self.config.eval.every and self.step % self.config.eval.every == 0:
                     metrics.update(self.evaluate())
                 halt = self._nonfinite_halt()
