@@ -58,8 +58,10 @@ def test_load_registered_and_module_function():
             r"cannot import module 'no_such_module_xyz'.*registered names: .*arithmetic_format",
         ),
         (
-            "math:no_such_function",
-            r"module 'math' has no attribute 'no_such_function'; registered names: .*format",
+            f"{__name__}:only_kwarg",
+            # the module's own functions, nearest first: not the built-in names
+            rf"module '{__name__}' has no function 'only_kwarg'; did you mean 'only_kwargs'\?"
+            r" its functions: .*only_kwargs",
         ),
         (f"{__name__}:NOT_CALLABLE", r"is not callable \(it is a int\)"),
     ],

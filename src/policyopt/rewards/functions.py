@@ -159,9 +159,19 @@ def load_reward_function(spec: str) -> RewardFunction:
         ) from error
     fn = getattr(module, attribute, None)
     if fn is None:
+        # The module's own public functions (what the user meant to name), nearest first.
+        own = sorted(
+            name
+            for name, value in vars(module).items()
+            if callable(value)
+            and not name.startswith("_")
+            and getattr(value, "__module__", None) == module.__name__
+        )
+        hint = unknown_name_message("function", attribute, own).split(";", 1)[1].strip()
+        hint = hint.replace("valid names:", "its functions:") if own else "it defines none"
         raise ValueError(
-            f"reward function {spec!r}: module {module_name!r} has no attribute {attribute!r}; "
-            f"registered names: {', '.join(registered)}"
+            f"reward function {spec!r}: module {module_name!r} has no function {attribute!r}; "
+            f"{hint}"
         )
     if not callable(fn):
         raise ValueError(f"reward function {spec!r} is not callable (it is a {type(fn).__name__})")
