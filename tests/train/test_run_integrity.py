@@ -18,7 +18,9 @@ from policyopt.config.load import Config, load_config
 from policyopt.config.resume_check import ConfigMismatchError, data_fingerprint
 from policyopt.store import checkpoint as ckpt
 from policyopt.tasks.hf_dataset import load_rows
-from policyopt.train.trainer import RunInterrupted, Trainer, check_positions
+from policyopt.train.interrupt import RunInterrupted
+from policyopt.train.prompts import check_positions
+from policyopt.train.trainer import Trainer
 from run_configs import small_overrides
 
 

@@ -295,7 +295,7 @@ def run_eval(args: argparse.Namespace) -> int:
     from policyopt.train.held_out import eval_rows, evaluate_run
     from policyopt.train.parts import build_parts
     from policyopt.train.policy import load_policy
-    from policyopt.train.trainer import check_positions
+    from policyopt.train.prompts import check_positions
 
     # The same assembly as training: every part checked and bound (engine options, remote
     # reward workers, a ranking policy for a ranking task), then the run's evaluation.

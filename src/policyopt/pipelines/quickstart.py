@@ -24,9 +24,9 @@ from policyopt.tasks.base import get_task
 from policyopt.tasks.ranking import RankingTask
 from policyopt.train.held_out import eval_rows
 from policyopt.train.policy import load_policy
-from policyopt.train.prompts import check_chat_template
+from policyopt.train.prompts import check_chat_template, check_positions
 from policyopt.train.sft import run_sft
-from policyopt.train.trainer import Trainer, check_positions, seed_everything
+from policyopt.train.trainer import Trainer, seed_everything
 
 
 def sft_cache_key(config: Config) -> str:

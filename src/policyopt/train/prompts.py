@@ -9,10 +9,12 @@ turning them into the text "[{'role': 'user', ...}]" would train on that text.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+from policyopt.config.schema import Config, ConfigError
 from policyopt.rollout.base import Rollouts
 from policyopt.tasks.base import Task
 
@@ -95,11 +97,9 @@ def _chat_ids(
     return list(x["input_ids"]) if hasattr(x, "keys") else list(x)
 
 
-def check_chat_template(config: Any, tokenizer: Any) -> None:
+def check_chat_template(config: Config, tokenizer: Any) -> None:
     """`model.chat_template: true` with a tokenizer that has none (the embedded model's
     character tokenizer) is one line before any work, not transformers' error mid-run."""
-    from policyopt.config.schema import ConfigError
-
     if config.model.chat_template and not getattr(tokenizer, "chat_template", None):
         raise ConfigError(
             f"model.chat_template: true, but the tokenizer of {config.model.name_or_path!r} "
@@ -123,3 +123,55 @@ def decode(tokenizer: Any, rollouts: Rollouts) -> list[str]:
         [row[:n] for row, n in zip(rollouts.response_ids.tolist(), lengths, strict=True)],
         skip_special_tokens=True,
     )
+
+
+def check_positions(
+    model: Any, tokenizer: Any, task: Any, split: str, rows: Any, config: Config
+) -> None:
+    """Raise a ValueError naming the first row of `split` whose prompt plus the response
+    budget (rollout.max_new_tokens; for eval rows, eval.max_new_tokens when set) exceeds the
+    model's positions (`max_position_embeddings`; a model without one is not checked)."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if not isinstance(limit, int) or tokenizer is None:
+        return
+    setting, budget = "rollout.max_new_tokens", config.rollout.max_new_tokens
+    if split == "eval" and config.eval.max_new_tokens:
+        setting, budget = "eval.max_new_tokens", config.eval.max_new_tokens
+    chat = config.model.chat_template
+    # A token covers at least one UTF-8 byte, so a text prompt of fewer bytes than the room
+    # left (less the chat template's own tokens) fits without encoding it.
+    templated = bool(getattr(tokenizer, "chat_template", None))
+    frame = 0
+    if chat and templated:
+        empty = [{"role": "user", "content": ""}]
+        ids = tokenizer.apply_chat_template(empty, add_generation_prompt=True, tokenize=True)
+        frame = len(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    room = limit - budget
+    for index, row in enumerate(_each_row(rows)):
+        messages = task.prompt_messages(row)
+        if messages is not None and not templated:
+            continue  # cannot be encoded at all: the first step says why (no chat template)
+        text = messages is None and task.format_prompt(row)
+        if text and len(text.encode()) + frame + 8 < room:
+            continue
+        n = len(encode_prompts(task, tokenizer, [row], chat)[1][0])
+        if n + budget > limit:
+            name = getattr(getattr(model, "config", None), "_name_or_path", "") or "the model"
+            raise ValueError(
+                f"{split} row {index} (counting from 0): its prompt is {n} tokens, and with "
+                f"{setting}={budget} a rollout needs {n + budget} positions, more than the "
+                f"{limit} of {name} (max_position_embeddings); shorten the prompt or lower "
+                f"{setting}"
+            )
+
+
+def _each_row(rows: Any) -> Iterator[dict[str, Any]]:
+    """The rows of a `datasets.Dataset` read a column batch at a time (indexing one row at a
+    time costs seconds per 20,000 rows), or of a list as they are."""
+    if not hasattr(rows, "iter"):
+        yield from rows
+        return
+    for batch in rows.iter(batch_size=4096):
+        columns = list(batch)
+        for i in range(len(batch[columns[0]]) if columns else 0):
+            yield {c: batch[c][i] for c in columns}

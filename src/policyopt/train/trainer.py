@@ -11,11 +11,7 @@ import copy
 import gc
 import os
 import random
-import signal
-import sys
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +40,11 @@ from policyopt.train.distributed import (
     wrap_policy,
 )
 from policyopt.train.held_out import eval_rows, evaluate_run
+from policyopt.train.interrupt import RunInterrupted, interrupt_requests
 from policyopt.train.optim import build_optimizer
 from policyopt.train.parts import build_parts
 from policyopt.train.policy import load_policy
-from policyopt.train.prompts import PromptSampler, check_chat_template, encode_prompts
+from policyopt.train.prompts import PromptSampler, check_chat_template, check_positions
 from policyopt.train.stall import StallWatch
 from policyopt.train.step import StepState, train_step
 from policyopt.train.update import NonFiniteUpdateError, Optimization
@@ -556,89 +553,6 @@ class Trainer:
             self.state = None  # the policy, its optimizer and the engine with it
             gc.collect()
             torch.distributed.destroy_process_group()
-
-
-class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C ended the run; the message says at which step and where it resumes."""
-
-
-@contextmanager
-def interrupt_requests() -> Iterator[Callable[[], bool]]:
-    """A function telling whether SIGINT arrived since entry. The first Ctrl-C only sets it
-    (the step under way finishes, so the state saved is whole); the second restores Python's
-    handler and stops at once. Outside the main thread (no handler can be set) Ctrl-C
-    behaves as usual."""
-    if threading.current_thread() is not threading.main_thread():
-        yield lambda: False
-        return
-    seen = threading.Event()
-    previous = signal.getsignal(signal.SIGINT)
-
-    def first(signum: int, frame: Any) -> None:
-        seen.set()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        print(
-            "interrupt: finishing this step and saving it (Ctrl-C again to stop at once)",
-            file=sys.stderr,
-        )
-
-    signal.signal(signal.SIGINT, first)
-    try:
-        yield seen.is_set
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def check_positions(
-    model: Any, tokenizer: Any, task: Any, split: str, rows: Any, config: Config
-) -> None:
-    """Raise a ValueError naming the first row of `split` whose prompt plus the response
-    budget (rollout.max_new_tokens; for eval rows, eval.max_new_tokens when set) exceeds the
-    model's positions (`max_position_embeddings`; a model without one is not checked)."""
-    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    if not isinstance(limit, int) or tokenizer is None:
-        return
-    setting, budget = "rollout.max_new_tokens", config.rollout.max_new_tokens
-    if split == "eval" and config.eval.max_new_tokens:
-        setting, budget = "eval.max_new_tokens", config.eval.max_new_tokens
-    chat = config.model.chat_template
-    # A token covers at least one UTF-8 byte, so a text prompt of fewer bytes than the room
-    # left (less the chat template's own tokens) fits without encoding it.
-    templated = bool(getattr(tokenizer, "chat_template", None))
-    frame = 0
-    if chat and templated:
-        empty = [{"role": "user", "content": ""}]
-        ids = tokenizer.apply_chat_template(empty, add_generation_prompt=True, tokenize=True)
-        frame = len(ids["input_ids"] if hasattr(ids, "keys") else ids)
-    room = limit - budget
-    for index, row in enumerate(_each_row(rows)):
-        messages = task.prompt_messages(row)
-        if messages is not None and not templated:
-            continue  # cannot be encoded at all: the first step says why (no chat template)
-        text = messages is None and task.format_prompt(row)
-        if text and len(text.encode()) + frame + 8 < room:
-            continue
-        n = len(encode_prompts(task, tokenizer, [row], chat)[1][0])
-        if n + budget > limit:
-            name = getattr(getattr(model, "config", None), "_name_or_path", "") or "the model"
-            raise ValueError(
-                f"{split} row {index} (counting from 0): its prompt is {n} tokens, and with "
-                f"{setting}={budget} a rollout needs {n + budget} positions, more than the "
-                f"{limit} of {name} (max_position_embeddings); shorten the prompt or lower "
-                f"{setting}"
-            )
-
-
-def _each_row(rows: Any) -> Iterator[dict[str, Any]]:
-    """The rows of a `datasets.Dataset` read a column batch at a time (indexing one row at a
-    time costs seconds per 20,000 rows), or of a list as they are."""
-    if not hasattr(rows, "iter"):
-        yield from rows
-        return
-    for batch in rows.iter(batch_size=4096):
-        columns = list(batch)
-        for i in range(len(batch[columns[0]]) if columns else 0):
-            yield {c: batch[c][i] for c in columns}
 
 
 def _write_atomically(path: Path, text: str) -> None:
