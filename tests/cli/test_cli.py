@@ -368,3 +368,26 @@ def test_bench_against_trl_interleaves_and_keeps_each_rng(tmp_path) -> None:
     assert report["cpu_time_s"]["trl"] > 0
     leaf = "generated_tokens_per_leaf"
     assert report[leaf]["grpo"] == plain[leaf]["grpo"]
+
+
+@pytest.mark.slow
+def test_bench_against_trl_trains_the_same_adapter_at_the_same_precision(tmp_path) -> None:
+    """With LoRA and bf16-mixed, TRL's arm gets the same adapter (as many trainable
+    parameters as ours) and bf16; the time split names the log-prob passes and the update."""
+    pytest.importorskip("trl")
+    pytest.importorskip("peft")
+    out = tmp_path / "bench.json"
+    small = ["--steps", "1", "--prompts", "2", "--group-size", "2", "--max-new-tokens", "6"]
+    lora = ["model.lora.enabled=true", "model.lora.rank=4", "model.lora.alpha=8"]
+    args = ["bench", "--algos", "grpo", "--against", "trl", *small, "--json-out", str(out)]
+    assert main([*args, *lora, "model.precision=bf16-mixed"]) == 0
+    report = json.loads(out.read_text())
+    trainable = report["trainable_parameters"]
+    assert trainable["trl"] == trainable["grpo"] > 0
+    assert trainable["grpo"] < 100_000  # the adapter, not the 1.1 M-parameter model
+    # TRL's GRPOConfig turns activation checkpointing on by default; ours never recomputes
+    # the forward, so neither may TRL's arm (a recompute would be time charged to TRL only).
+    assert report["trl_settings"]["gradient_checkpointing"] is False
+    split = report["time_split_s"]["grpo"]
+    assert {"generation", "scoring", "logprobs", "update", "training"} <= set(split)
+    assert split["update"] == pytest.approx(split["training"] - split["logprobs"], abs=1e-6)

@@ -43,6 +43,18 @@ def time_trl(
         return [0.0 if v is None else float(v) for v in verify(prompts, completions, **columns)]
 
     model, tok = load_model(settings["model"])
+    peft_config = None
+    if settings.get("lora"):
+        from peft import LoraConfig
+
+        lora = settings["lora"]
+        peft_config = LoraConfig(
+            r=lora["rank"],
+            lora_alpha=lora["alpha"],
+            lora_dropout=lora["dropout"],
+            target_modules=lora["target_modules"],
+            task_type="CAUSAL_LM",
+        )
     n = settings["prompts_per_step"] * settings["group_size"]
 
     class StepTimer(TrainerCallback):
@@ -79,7 +91,10 @@ def time_trl(
             save_strategy="no",
             report_to="none",
             use_cpu=True,
-            bf16=False,
+            bf16=bool(settings.get("bf16", False)),
+            # On by default in TRL's GRPOConfig; policyopt keeps the activations, so a
+            # recompute here would be time charged to TRL's arm only.
+            gradient_checkpointing=False,
             disable_tqdm=True,
         )
         trainer = GRPOTrainer(
@@ -89,8 +104,11 @@ def time_trl(
             train_dataset=data,
             processing_class=tok,
             callbacks=[timer],
+            peft_config=peft_config,
         )
         trainer.train()
+        trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+        checkpointing = bool(trainer.args.gradient_checkpointing)
         lengths = [
             h["completions/mean_length"]
             for h in trainer.state.log_history
@@ -99,6 +117,10 @@ def time_trl(
     measured = timer.times[1:]
     tokens = [m * n for m in lengths[1 : len(timer.times)]]
     return {
+        "lora": settings.get("lora"),
+        "bf16": bool(settings.get("bf16", False)),
+        "trainable_parameters": trainable,
+        "gradient_checkpointing": checkpointing,
         "step_times_s": measured,
         "step_time_s": statistics.median(measured),
         "cpu_time_s": statistics.median(timer.cpu_times[1:]),

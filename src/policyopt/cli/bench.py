@@ -204,6 +204,9 @@ class PolicyoptArms:
         out = {algo: summarize(recs[1:]) for algo, recs in self.records.items()}
         for algo, trainer in self.trainers.items():
             out[algo]["per_rank"] = rank_memory(trainer)
+            out[algo]["trainable_parameters"] = sum(
+                p.numel() for p in trainer.model.parameters() if p.requires_grad
+            )
         return out
 
     def close(self) -> None:
@@ -281,12 +284,27 @@ def time_with_trl(
 
     arms = PolicyoptArms(algos, settings, steps, overrides)
     try:
-        trl = time_trl(settings, steps, between=arms.run_round)
+        trl = time_trl(
+            {**settings, **trl_matching(arms.trainers[algos[0]].config)},
+            steps,
+            between=arms.run_round,
+        )
         results = arms.results()
     finally:
         arms.close()
     results["trl"] = trl
     return results
+
+
+def trl_matching(config: Config) -> dict[str, Any]:
+    """What TRL's arm takes from the first policyopt arm's config so that both train the
+    same thing: the LoRA adapter (rank, alpha, dropout, target modules) and the precision
+    (bf16-mixed: TRL's `bf16=True`, autocast over float32 weights, as ours)."""
+    lora = config.model.lora
+    return {
+        "lora": lora.model_dump() if lora.enabled else None,
+        "bf16": config.model.precision == "bf16-mixed",
+    }
 
 
 def summarize(records: list[dict[str, float]]) -> dict[str, Any]:
@@ -308,9 +326,18 @@ def summarize(records: list[dict[str, float]]) -> dict[str, Any]:
         "wall_time_per_leaf_s": sum(step_times) / leaves,
         "leaves_per_step": leaves / len(records),
         "fraction_correct": sum(r["accuracy"] * r["leaves"] for r in records) / leaves,
+        # Medians of each phase: sampling, the reward pipeline, the no-grad log-prob passes
+        # before the update (behaviour / reference), and the update proper (forward, backward,
+        # optimizer step and the engine's weight sync); `training` is the last two together.
         "time_split": {
-            k: statistics.median(r[f"time/{k}"] for r in records)
-            for k in ("generation", "scoring", "training")
+            **{
+                k: statistics.median(r.get(f"time/{k}", 0.0) for r in records)
+                for k in ("generation", "scoring", "logprobs", "training")
+            },
+            # a step whose filters kept no group has no update, hence no time/logprobs
+            "update": statistics.median(
+                r["time/training"] - r.get("time/logprobs", 0.0) for r in records
+            ),
         },
     }
 
@@ -393,6 +420,9 @@ def bench_report(
             k: v["fraction_correct"] for k, v in results.items() if "fraction_correct" in v
         },
         "time_split_s": {k: v["time_split"] for k, v in results.items() if "time_split" in v},
+        "trainable_parameters": {
+            k: v["trainable_parameters"] for k, v in results.items() if "trainable_parameters" in v
+        },
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "per_rank": {k: v["per_rank"] for k, v in results.items() if "per_rank" in v},
         "settings": {**settings, "measured_steps": args.steps, "world_size": world},
@@ -419,6 +449,9 @@ def bench_report(
     }
     if "trl" in results:
         trl = results["trl"]
+        report["trl_settings"] = {
+            k: trl[k] for k in ("lora", "bf16", "gradient_checkpointing") if k in trl
+        }
         report["step_time_ratio_to_trl"] = {
             k: v["step_time_s"] / trl["step_time_s"] for k, v in results.items()
         }

@@ -27,6 +27,7 @@ this module adds to the step's:
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -118,6 +119,7 @@ def update(loss: BoundLoss, batch: Batch, opt: Optimization) -> dict[str, float]
     # gives the same loss and gradient (as TRL and verl do on-policy).
     off_policy = opt.ppo_epochs > 1 or opt.minibatches > 1
     padding = Padding()  # what the forwards below compute (module docstring)
+    t_logprobs = time.perf_counter()
     if opt.behaviour_old_logp:
         old_logp = batch.rollouts.logp * batch.rollouts.response_mask
     else:
@@ -127,6 +129,9 @@ def update(loss: BoundLoss, batch: Batch, opt: Optimization) -> dict[str, float]
         assert opt.reference is not None, "a KL penalty needs a reference policy"
         with opt.reference_context() if opt.reference_context is not None else nullcontext():
             ref_logp = batch_logprobs(opt.reference, batch, opt, padding)
+    # The no-grad passes before the update (behaviour and reference log-probs): the step's
+    # time split reports them apart from the update's forward and backward.
+    logprob_seconds = time.perf_counter() - t_logprobs
     pooled = MetricPool()
     grad_norms: list[float] = []
     skipped = 0
@@ -148,6 +153,7 @@ def update(loss: BoundLoss, batch: Batch, opt: Optimization) -> dict[str, float]
     out["nonfinite/in_a_row"] = float(opt.nonfinite_in_a_row)
     out["nonfinite/total"] = float(opt.nonfinite_total)
     out["padded_fraction"] = padding.fraction(opt.dist)
+    out["time/logprobs"] = logprob_seconds
     return out
 
 
