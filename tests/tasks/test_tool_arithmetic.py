@@ -34,13 +34,21 @@ def test_problems_by_level_and_splits_apart(task):
 
 def test_a_demonstration_is_the_episode_it_imitates(task):
     """The SFT target of a tool row is token for token what a model writing the same two
-    turns produces with the calculator environment (the reply written by the tool)."""
+    turns produces with the calculator environment (the reply written by the tool), and SFT
+    trains on exactly the tokens RL trains on: the reply's are masked out of both."""
     tok = load_tokenizer("tiny")
     row = next(r for r in task.rows("train") if r["demo_style"] == "tool")
     assert task.sft_targets(row) == [
         f"calc({row['prompt']})</s>={row['answer']}\nA:{row['answer']}"
     ]
-    (prompt, target), *_ = sft_examples(task, tok, [row])
+    assert task.sft_segments(row) == [
+        [
+            (f"calc({row['prompt']})</s>", True),
+            (f"={row['answer']}\n", False),
+            (f"A:{row['answer']}", True),
+        ]
+    ]
+    (prompt, target, trained), *_ = sft_examples(task, tok, [row])
     engine = ScriptedEngine(tok, [[f"calc({row['prompt']})</s>"], [f"A:{row['answer']}</s>"]])
     r, _ = run_episodes(
         engine,
@@ -50,9 +58,14 @@ def test_a_demonstration_is_the_episode_it_imitates(task):
         max_turns=3,
     )
     assert r.response_ids[0].tolist() == target
+    assert r.response_mask[0].tolist() == [float(t) for t in trained]
+    assert 0 < trained.count(0) == len(f"={row['answer']}\n")  # the reply, one id a character
     assert task.verify(tok.decode(target, skip_special_tokens=True), row) == 1.0
     direct = next(r for r in task.rows("train") if r["demo_style"] == "direct")
     assert task.sft_targets(direct) == [f"A:{direct['answer']}"]
+    assert task.sft_segments(direct) == [[(f"A:{direct['answer']}", True)]]
+    (_, target, trained), *_ = sft_examples(task, tok, [direct])
+    assert trained == [1] * len(target)
 
 
 def test_verify_reads_the_last_answer(task):

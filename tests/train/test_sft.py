@@ -6,7 +6,7 @@ import torch
 
 from policyopt.models.loading import load_model
 from policyopt.tasks.base import get_task
-from policyopt.train.sft import completion_batch, sft_backward, sft_examples
+from policyopt.train.sft import Example, completion_batch, sft_backward, sft_examples
 
 
 def _setup(n: int = 24):
@@ -43,14 +43,14 @@ def test_buckets_give_the_one_batch_token_mean_loss_and_gradient() -> None:
 def test_buckets_cut_the_padded_tokens() -> None:
     _, pairs = _setup(64)
 
-    def padded(chunks: list[list[tuple[list[int], list[int]]]]) -> int:
+    def padded(chunks: list[list[Example]]) -> int:
         return sum(completion_batch(c, 0)[1].numel() for c in chunks)
 
     from policyopt.train.sft import length_buckets
 
     one = padded(length_buckets(pairs, 1))
     three = padded(length_buckets(pairs, 3))
-    real = sum(len(p) + len(c) for p, c in pairs)
+    real = sum(len(ex.prompt) + len(ex.target) for ex in pairs)
     assert three < 0.8 * one  # the mix of worked and answer-only targets pads half the batch
     assert real <= three
     # Every example is in exactly one bucket.

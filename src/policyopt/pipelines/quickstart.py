@@ -20,7 +20,7 @@ from policyopt.models.cache import cache_dir
 from policyopt.models.loading import load_model, load_model_config, load_tokenizer
 from policyopt.models.precision import set_precision
 from policyopt.models.threads import apply_num_threads
-from policyopt.tasks.base import get_task
+from policyopt.tasks.base import Task, get_task, task_class
 from policyopt.tasks.ranking import RankingTask
 from policyopt.train.held_out import eval_rows
 from policyopt.train.policy import load_policy
@@ -31,6 +31,10 @@ from policyopt.train.trainer import Trainer, seed_everything
 
 def sft_cache_key(config: Config) -> str:
     """Everything the SFT result depends on."""
+    # A task whose demonstrations may hold an environment's text overrides `Task.sft_segments`
+    # (SFT masks that text out of its loss): an entry only for such a task, so that the keys
+    # of every other task's earlier warm starts still hold.
+    segmented = task_class(config.task.name).sft_segments is not Task.sft_segments
     payload = {
         "version": __version__,
         "model": config.model.name_or_path,
@@ -41,6 +45,7 @@ def sft_cache_key(config: Config) -> str:
         "seed": sft_seed(config),
         # Only when not the default, so that the keys of earlier fp32 warm starts still hold.
         **({"precision": config.model.precision} if config.model.precision != "fp32" else {}),
+        **({"sft_segments": "environment_masked"} if segmented else {}),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -18,6 +18,11 @@ from policyopt.core.registry import Registry
 # name -> factory(**options) -> Task
 TASKS: Registry[Callable[..., Task]] = Registry("task")
 
+# A demonstration as the episode lays it out: (text, trained) segments in order. Text with
+# trained False is what an environment writes (a tool's reply): SFT reads it, as the policy
+# reads it in a multi-turn episode, but is not trained to predict it.
+Demonstration = list[tuple[str, bool]]
+
 
 class Task(ABC):
     """A registered task. Subclasses fill the split rows and the verifier."""
@@ -109,6 +114,12 @@ class Task(ABC):
         """What supervised warm-up imitates for a row; the expert solutions unless a task
         mixes in other demonstrations."""
         return self.expert_solutions(row)
+
+    def sft_segments(self, row: dict[str, Any]) -> list[Demonstration]:
+        """`sft_targets` in segments, which is what SFT trains on (`train/sft.py`). A task
+        whose demonstrations hold an environment's text (a tool's reply) overrides it to mark
+        that text untrained; the default trains on each target whole."""
+        return [[(text, True)] for text in self.sft_targets(row)]
 
 
 def task_class(name: str) -> type[Task]:

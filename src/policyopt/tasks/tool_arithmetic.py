@@ -20,9 +20,10 @@ decoding, while about one sample in three calls the tool, which is what RL has t
 reinforce. The verifier reads the integer after the last `A:` of the episode's text (every
 turn and the tool's replies), as the arithmetic task does.
 
-SFT imitates the demonstration's text whole, the tool's reply `=1710` included (the SFT loss
-has no mask for tokens the environment would write: `policyopt.train.sft` trains on every
-target token); in RL the environment's tokens are masked out of the loss.
+SFT trains on the model's part of a demonstration only: the tool's reply `=1710` and its
+newline (the calculator's `Environment.plain_text`, which RL's episodes hold with mask 0) is
+an untrained segment (`sft_segments`), read but not predicted, so that the warm start does
+not learn to write the tool's results itself.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import datasets
 
 from policyopt.rollout.environment import ENVIRONMENTS
 from policyopt.rollout.tool_calls import TOOL_CALL_FORMATS, ToolCall
-from policyopt.tasks.base import TASKS, Task
+from policyopt.tasks.base import TASKS, Demonstration, Task
 from policyopt.tasks.options import fraction, sizes, split_name
 from policyopt.tasks.tool_environment import Tool, ToolEnvironment
 
@@ -180,17 +181,30 @@ class ToolArithmeticTask(Task):
         """`Q:47*36+18=?\\n`."""
         return f"Q:{row['prompt']}=?\n"
 
-    def expert_solutions(self, row: dict[str, Any]) -> list[str]:
-        """The tool demonstration: the call, the turn's end, the tool's reply, the answer."""
+    def tool_demonstration(self, row: dict[str, Any]) -> Demonstration:
+        """The call and the turn's end (the model's), the tool's reply as the calculator
+        environment writes it (the environment's: untrained), the answer (the model's)."""
         call = self.format.call_text(ToolCall("calc", row["prompt"]))
+        # `ToolEnvironment.plain_text` of the reply: the text an episode appends, mask 0.
         reply = self.format.result_text(calc(row["prompt"]))
-        return [f"{call}{self.turn_end}{reply}A:{row['answer']}"]
+        return [(f"{call}{self.turn_end}", True), (reply, False), (f"A:{row['answer']}", True)]
+
+    def expert_solutions(self, row: dict[str, Any]) -> list[str]:
+        """The tool demonstration's text: the call, the turn's end, the tool's reply, the
+        answer."""
+        return ["".join(text for text, _ in self.tool_demonstration(row))]
 
     def sft_targets(self, row: dict[str, Any]) -> list[str]:
         """The row's demonstration: a tool call or the bare answer (module docstring)."""
         if row["demo_style"] == "direct":
             return [f"A:{row['answer']}"]
         return self.expert_solutions(row)
+
+    def sft_segments(self, row: dict[str, Any]) -> list[Demonstration]:
+        """`sft_targets` with the tool's reply marked as the environment's (untrained)."""
+        if row["demo_style"] == "direct":
+            return super().sft_segments(row)
+        return [self.tool_demonstration(row)]
 
     def extract_answer(self, completion: str) -> str | None:
         """The integer right after the last `A:`; None when there is none."""

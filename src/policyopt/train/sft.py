@@ -1,9 +1,17 @@
-"""Supervised warm start on a task's expert solutions (completion-only loss)."""
+"""Supervised warm start on a task's expert solutions (completion-only loss).
+
+A demonstration is a task's `sft_segments`: (text, trained) segments, one segment for a
+plain-string target. Each segment is tokenized alone and the ids concatenated, then EOS;
+the loss counts the tokens of trained segments and the EOS, and skips those of the
+environment's text (a tool's reply): no loss term, no count in the normaliser, but they stay
+in the sequence, read by every later position, as in a multi-turn episode.
+"""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 from rich.console import Console
@@ -13,53 +21,89 @@ from policyopt.models.logprobs import response_logprobs
 from policyopt.models.precision import mixed_precision
 from policyopt.rollout.hf_engine import left_pad
 from policyopt.store.metrics_log import progress_bar
-from policyopt.tasks.base import Task
+from policyopt.tasks.base import Demonstration, Task
 from policyopt.train.optim import build_optimizer
 from policyopt.train.prompts import PromptSampler, encode_prompts
 
 
+class Example(NamedTuple):
+    """One SFT target: the prompt's ids, the completion's ids (EOS last) and, for each
+    completion id, 1 if the loss trains on it, 0 if the environment wrote it."""
+
+    prompt: list[int]
+    target: list[int]
+    trained: list[int]
+
+
+# An Example, or a (prompt ids, completion ids) pair that trains on every completion id.
+ExampleT = TypeVar("ExampleT", bound=Sequence[Any])
+
+
+def demonstration_ids(tokenizer: Any, segments: Demonstration) -> tuple[list[int], list[int]]:
+    """(ids, trained) of a demonstration: each segment tokenized alone, concatenated, EOS.
+
+    Segment by segment, as the multi-turn rollout appends a reply it tokenized alone
+    (`rollout/multiturn.py`, `PlainReplies`) to the ids the model sampled before it, and the
+    model samples its next turn after the reply's last id: SFT trains on the token sequences
+    RL sees. For a character tokenizer these are the whole text's ids; a BPE tokenizer may
+    merge characters across a segment boundary in the whole text, a merge an episode never
+    holds. A single segment (a plain-string target) is the whole text's ids."""
+    ids: list[int] = []
+    trained: list[int] = []
+    for text, train in segments:
+        piece = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids += piece
+        trained += [int(train)] * len(piece)
+    return ids + [tokenizer.eos_token_id], trained + [1]
+
+
 def sft_examples(
     task: Task, tokenizer: Any, rows: list[dict[str, Any]], chat: bool = False
-) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, completion ids + EOS) for every SFT target of `rows`."""
+) -> list[Example]:
+    """An `Example` for every SFT demonstration (`Task.sft_segments`) of `rows`."""
     _, prompt_ids = encode_prompts(task, tokenizer, rows, chat)
-    pairs = []
+    examples = []
     for row, p in zip(rows, prompt_ids, strict=True):
-        for solution in task.sft_targets(row):
-            target = tokenizer(solution, add_special_tokens=False)["input_ids"] + [
-                tokenizer.eos_token_id
-            ]
-            pairs.append((p, target))
-    return pairs
+        for segments in task.sft_segments(row):
+            examples.append(Example(p, *demonstration_ids(tokenizer, segments)))
+    return examples
+
+
+def _trained(example: Sequence[Any]) -> list[int]:
+    """An example's trained flags; every completion id of a (prompt, completion) pair."""
+    return list(example[2]) if len(example) > 2 else [1] * len(example[1])
 
 
 def completion_batch(
-    pairs: list[tuple[list[int], list[int]]], pad_id: int
+    examples: Sequence[Sequence[Any]], pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
-    """[left-padded prompts | right-padded completions]: (ids, attention mask, R, loss mask)."""
-    prompt_ids, prompt_mask = left_pad([p for p, _ in pairs], pad_id)
-    width = max(len(c) for _, c in pairs)
-    comp = torch.full((len(pairs), width), pad_id, dtype=torch.long)
-    cmask = torch.zeros((len(pairs), width), dtype=torch.long)
-    for i, (_, c) in enumerate(pairs):
+    """[left-padded prompts | right-padded completions]: (ids, attention mask, R, loss mask).
+    `examples` are `Example`s or (prompt ids, completion ids) pairs; the attention mask reads
+    every completion id, the loss mask only the trained ones."""
+    prompt_ids, prompt_mask = left_pad([ex[0] for ex in examples], pad_id)
+    width = max(len(ex[1]) for ex in examples)
+    comp = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    cmask = torch.zeros((len(examples), width), dtype=torch.long)
+    lmask = torch.zeros((len(examples), width))
+    for i, ex in enumerate(examples):
+        c = ex[1]
         comp[i, : len(c)] = torch.tensor(c)
         cmask[i, : len(c)] = 1
+        lmask[i, : len(c)] = torch.tensor(_trained(ex), dtype=torch.float)
     return (
         torch.cat([prompt_ids, comp], 1),
         torch.cat([prompt_mask, cmask], 1),
         width,
-        cmask.float(),
+        lmask,
     )
 
 
-def length_buckets(
-    pairs: list[tuple[list[int], list[int]]], buckets: int
-) -> list[list[tuple[list[int], list[int]]]]:
-    """`pairs` sorted by total length and cut into `buckets` nearly equal parts (fewer if
-    there are fewer pairs). A batch that mixes answer-only and worked targets is half padding
-    when padded as one (the embedded arithmetic task: 50% of 64 x 55 positions); buckets of
-    similar lengths pad far less."""
-    ordered = sorted(pairs, key=lambda pc: len(pc[0]) + len(pc[1]))
+def length_buckets(examples: list[ExampleT], buckets: int) -> list[list[ExampleT]]:
+    """`examples` sorted by total length and cut into `buckets` nearly equal parts (fewer if
+    there are fewer examples). A batch that mixes answer-only and worked targets is half
+    padding when padded as one (the embedded arithmetic task: 50% of 64 x 55 positions);
+    buckets of similar lengths pad far less."""
+    ordered = sorted(examples, key=lambda ex: len(ex[0]) + len(ex[1]))
     parts = max(1, min(buckets, len(ordered)))
     size, extra = divmod(len(ordered), parts)
     out, start = [], 0
@@ -72,19 +116,21 @@ def length_buckets(
 
 def sft_backward(
     model: torch.nn.Module,
-    pairs: list[tuple[list[int], list[int]]],
+    examples: list[ExampleT],
     pad_id: int,
     *,
     buckets: int = 1,
     chunk_size: int = 1024,
 ) -> float:
-    """Backward of the batch's completion loss, -sum(log p) / completion tokens over the
-    whole batch, run as `buckets` length-sorted micro-batches (each one's sum divided by the
-    batch's count, so the gradients add up to the one-batch gradient); the loss. The forward
-    runs in the model's precision (`models.precision`: bfloat16 autocast under bf16-mixed)."""
-    count = sum(len(c) for _, c in pairs)
+    """Backward of the batch's completion loss, -sum(log p) / trained tokens over the whole
+    batch (the environment's tokens in neither sum), run as `buckets` length-sorted
+    micro-batches (each one's sum divided by the batch's count, so the gradients add up to
+    the one-batch gradient); the loss. `examples`: `Example`s, or (prompt ids, completion
+    ids) pairs trained whole. The forward runs in the model's precision (`models.precision`:
+    bfloat16 autocast under bf16-mixed)."""
+    count = sum(sum(_trained(ex)) for ex in examples)
     total = 0.0
-    for chunk in length_buckets(pairs, buckets):
+    for chunk in length_buckets(examples, buckets):
         ids, mask, width, loss_mask = completion_batch(chunk, pad_id)
         with mixed_precision(model):
             logp = response_logprobs(model, ids, mask, width, chunk_size=chunk_size).logp
@@ -108,7 +154,7 @@ def run_sft(
 ) -> dict[str, float]:
     """Train on expert solutions for `cfg.steps` steps or `cfg.max_seconds`, whichever first."""
     rows = task.rows("train")
-    if not task.sft_targets(rows[0]):
+    if not task.sft_segments(rows[0]):
         column = getattr(task, "solution_column", "missing")
         hint = (
             "; name the column of worked solutions with task.options.solution_column"
