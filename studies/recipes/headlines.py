@@ -4,6 +4,7 @@ per recipe and seed, as a user would run it.
     python -m studies.recipes.headlines --out studies/recipes/data/seed0.jsonl --seeds 0
     python -m studies.recipes.headlines --recipes grpo --seeds 0 1 2 \\
         --set model.precision=bf16-mixed --out studies/recipes/data/grpo_bf16.jsonl
+    python -m studies.recipes.headlines --table studies/recipes/data/seed0.jsonl
 
 One JSON line per (recipe, seed) is appended to --out as each run ends, so an interrupted
 sweep resumes where it stopped (cells already in the file are skipped). The run folders go
@@ -93,14 +94,40 @@ def run_cell(recipe: str, seed: int, overrides: list[str], folder: Path) -> dict
     return row
 
 
+def table(path: Path) -> str:
+    """The file's rows as a markdown table, one line per (recipe, seed, overrides)."""
+    lines = [
+        "| recipe | seed | overrides | metric | before | after | change | wall | load |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        extra = " ".join(o for o in r["overrides"] if o != "train.num_threads=1") or "-"
+        if r["rc"] != 0:
+            cells = [r["recipe"], r["seed"], extra, f"failed (rc {r['rc']})", "", "", ""]
+        else:
+            change = r["after"] - r["before"]
+            cells = [r["recipe"], r["seed"], extra, r["metric"], f"{r['before']:.3f}"]
+            cells += [f"{r['after']:.3f}", f"{change:+.3f}"]
+        cells += [f"{r['wall_s'] / 60:.1f} min", f"{r['load_start']}-{r['load_end']}"]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--table", type=Path, default=None, help="print FILE's table, run nothing")
     parser.add_argument("--recipes", nargs="*", default=None, help="default: every recipe")
     parser.add_argument("--seeds", nargs="*", type=int, default=[0])
     parser.add_argument("--set", nargs="*", default=[], help="KEY=VALUE overrides")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--runs", type=Path, default=Path("runs/recipes"))
     args = parser.parse_args(argv)
+    if args.table is not None:
+        print(table(args.table))
+        return
+    if args.out is None:
+        parser.error("--out is required to run recipes")
     names = args.recipes or [r for r in ORDER if r in recipe_names()]
     missing = sorted(set(recipe_names()) - set(names)) if args.recipes is None else []
     if missing:
