@@ -20,7 +20,8 @@ two around a `write(folder)` callback, for a single process.
 
 A save that fails for want of space (ENOSPC or a quota, however the writer reports it) is
 a `DiskFullError` naming the folder and the last complete checkpoint, after the partial
-folder is removed; the complete checkpoints are untouched.
+folder is removed; the complete checkpoints are untouched (`abandon_checkpoint`, which the
+sharded save of train/dist_checkpoint.py shares).
 """
 
 from __future__ import annotations
@@ -174,11 +175,20 @@ def commit_checkpoint(
         write(tmp)
         return finish_checkpoint(output_dir, step, keep_last=keep_last)
     except BaseException as err:
-        full = out_of_space(err, tmp)  # asked before the space is given back
-        shutil.rmtree(tmp, ignore_errors=True)  # e.g. a full disk: give the space back now
-        if full:
-            raise disk_full(output_dir, step) from err
-        raise
+        failure = abandon_checkpoint(output_dir, step, err)
+        if failure is err:
+            raise
+        raise failure from err
+
+
+def abandon_checkpoint(output_dir: str | Path, step: int, err: BaseException) -> BaseException:
+    """After the save of `step` failed with `err`: remove its temporary folder and return
+    what to raise, a `DiskFullError` (`disk_full`) if the write ran out of space, else `err`.
+    The complete checkpoints are not touched."""
+    tmp = _temporary(output_dir, step)
+    full = out_of_space(err, tmp)  # asked before the space is given back
+    shutil.rmtree(tmp, ignore_errors=True)  # e.g. a full disk: give the space back now
+    return disk_full(output_dir, step) if full else err
 
 
 def out_of_space(err: BaseException, folder: Path) -> bool:

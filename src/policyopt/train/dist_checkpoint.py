@@ -10,12 +10,18 @@
   checkpoint's temporary folder, and rank 0 alone completes it (marker written last, then
   the rename: trainer.checkpoint), after every rank's shards are written.
 
+A save that fails is settled by rank 0, which tells every rank how it ended (so that none
+trains on, or waits in a collective, after another stopped): the partial folder is removed
+(`checkpoint.abandon_checkpoint`, as in one process) and a full disk, on any rank's write, is
+the same `DiskFullError` on every rank, naming the last complete checkpoint.
+
 The trainer state carries every rank's RNG state (`rng_ranks`); a resumed rank takes its
 own when the world size is unchanged, else a fresh seed of its rank and the step.
 """
 
 from __future__ import annotations
 
+import errno
 import random
 from pathlib import Path
 from typing import Any
@@ -48,9 +54,16 @@ def save(
     model, `policy` its `PolicyForward` (unwrapped from DDP), `state` the trainer state
     without optimizer and RNG (added here)."""
     state = {**state, "rng": ckpt.rng_state(), "rng_ranks": dist.gather(ckpt.rng_state())}
-    if dist.mode != "fsdp2":
-        path = None
-        if dist.is_main:
+    failure: BaseException | None = None
+    path = None
+    try:
+        if dist.mode == "fsdp2":
+            _save_sharded(
+                dist, output_dir, step, model, policy, optimizer, tokenizer, state, config_text
+            )
+            if dist.is_main:
+                path = ckpt.finish_checkpoint(output_dir, step, keep_last=keep_last)
+        elif dist.is_main:
             path = ckpt.save_checkpoint(
                 output_dir,
                 step,
@@ -61,7 +74,44 @@ def save(
                 keep_last=keep_last,
                 save_merged=save_merged,
             )
-        return Path(dist.broadcast(str(path)))
+    except BaseException as err:
+        failure = err
+    # Rank 0 says how the save ended and every rank acts on it, so that no rank goes on
+    # training, or waits in a collective, after another has stopped.
+    outcome = None
+    if dist.is_main:
+        outcome = ("saved", str(path))
+        if failure is not None:
+            # The partial folder goes; a full disk (on any rank's write) becomes the same one
+            # line as in one process (checkpoint.disk_full).
+            raised = ckpt.abandon_checkpoint(output_dir, step, _writer_error(failure))
+            full = isinstance(raised, ckpt.DiskFullError)
+            outcome = ("disk full" if full else "failed", None)
+    outcome = dist.broadcast(outcome)
+    if outcome[0] == "disk full":
+        if isinstance(failure, ckpt.DiskFullError):  # the single-process save's own
+            raise failure
+        raise ckpt.disk_full(output_dir, step) from failure
+    if failure is not None:
+        raise failure
+    if outcome[0] == "failed":
+        raise RuntimeError(f"checkpoint step {step} was not saved: rank 0's write failed")
+    return Path(outcome[1])
+
+
+def _save_sharded(
+    dist: Dist,
+    output_dir: str | Path,
+    step: int,
+    model: nn.Module,
+    policy: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    tokenizer: Any,
+    state: dict[str, Any],
+    config_text: str,
+) -> None:
+    """FSDP2: every rank's shards, then rank 0's consolidated weights, tokenizer, config and
+    trainer state, into the step's temporary folder; collective. Rank 0 completes it."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
@@ -75,12 +125,12 @@ def save(
         dist.broadcast(str(ckpt.begin_checkpoint(output_dir, step)) if dist.is_main else None)
     )
     model_sd, optim_sd = get_state_dict(policy, optimizer)
+    # A write that fails on one rank fails dcp.save on every rank (it gathers the results).
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder / SHARDS))
     # Consolidated weights on rank 0 (an all-gather of each parameter, one at a time).
     full = get_model_state_dict(
         policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
     )
-    path = None
     if dist.is_main:
         weights = {k.removeprefix("policy."): v for k, v in full.items()}
         model.save_pretrained(folder, safe_serialization=True, state_dict=weights)
@@ -88,8 +138,18 @@ def save(
             tokenizer.save_pretrained(folder)
         (folder / ckpt.CONFIG_FILE).write_text(config_text)
         ckpt.save_state(folder, state)
-        path = ckpt.finish_checkpoint(output_dir, step, keep_last=keep_last)
-    return Path(dist.broadcast(str(path)))
+
+
+def _writer_error(err: BaseException) -> BaseException:
+    """The write error inside DCP's `CheckpointException` (which holds each failed rank's
+    error), a full disk first; any other error as it is."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    if not isinstance(err, CheckpointException):
+        return err
+    errors = [inner for inner, _ in err.failures.values()]
+    full = [e for e in errors if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)]
+    return (full or errors or [err])[0]
 
 
 def load(
