@@ -77,7 +77,7 @@ class Scripted(Environment):
         self.tools = tools
         self.seen: list[list[str]] = []
 
-    def start(self, prompt: str) -> Episode:
+    def start(self, prompt: str, row) -> Episode:  # noqa: ANN001
         seen: list[str] = []
         self.seen.append(seen)
         replies = self.replies

@@ -56,7 +56,7 @@ def test_a_tool_schema_comes_from_its_signature_and_docstring():
 
 def test_results_and_failures_are_tool_messages():
     env = ToolEnvironment([add, broken, hangs, leaves], timeout_s=0.2, max_calls=2)
-    episode = env.start("Q")
+    episode = env.start("Q", {})
 
     def call(name: str, args: str) -> str:
         return f'<tool_call>{{"name": "{name}", "arguments": {args}}}</tool_call>'

@@ -21,7 +21,7 @@ from run_configs import small_overrides
 class Echo(Environment):
     """Replies `=ok` and a newline to every turn: every episode runs to its budgets."""
 
-    def start(self, prompt: str) -> Episode:
+    def start(self, prompt: str, row) -> Episode:  # noqa: ANN001
         class _Episode(Episode):
             def step(self, turn: str) -> Reply:
                 return Reply(messages=({"role": "tool", "content": "=ok\n"},))

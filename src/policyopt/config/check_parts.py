@@ -36,6 +36,7 @@ STRATEGY_SUPPLIED = {
     "group_size": "rollout.group_size",
     "score": "the trainer (the verifier)",
     "on_finished": "the trainer (reward prefetch)",
+    "rows": "the trainer (the prompts' data rows)",
 }
 LOSS_SUPPLIED = {
     "agg": "algorithm.agg",

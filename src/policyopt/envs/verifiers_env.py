@@ -21,12 +21,17 @@ token for token; a turn's tool calls, in the Hermes format (`<tool_call>{"name":
 "arguments": {...}}</tool_call>`, `policyopt.rollout.tool_calls`), go to the toolsets'
 `@vf.tool` methods, called in-process under the environment's time limit; a turn without a
 call ends the episode. The tools are advertised as verifiers names them (`<prefix>_<tool>`,
-the prefix the toolset's `TOOL_PREFIX`). The task's rewards then score a `vf.Trace` rebuilt
-from the episode's text (the prompt, each assistant turn with its calls, each tool result)
-through `Task.score` without a runtime (rewards that need one are skipped, as verifiers does
-offline); their weighted total is the task reward. The episode's text is split at the tool
-results as the environment writes them for a model without a chat template
-(`<tool_response>...</tool_response>`): keep the strategy's `chat_template: false`.
+the prefix the toolset's `TOOL_PREFIX`). A task's toolsets that set themselves up per task
+(`Toolset.setup_task`, which verifiers runs in each rollout's own tool server) get their own
+instances in each episode, set up (`setup`, then `setup_task` with a copy of the task's
+`vf.TaskData`) with the task of the episode's data row (its `key` column); the taskset's
+shared toolsets, and task toolsets without `setup_task`, are set up once and serve every
+episode. The task's rewards then score a `vf.Trace` rebuilt from the episode's text (the
+prompt, each assistant turn with its calls, each tool result) through `Task.score` without a
+runtime (rewards that need one are skipped, as verifiers does offline); their weighted total
+is the task reward. The episode's text is split at the tool results as the environment
+writes them for a model without a chat template (`<tool_response>...</tool_response>`): keep
+the strategy's `chat_template: false`.
 
 Not carried over: a toolset's own `vf.State` subclass (its state channel is a server's; here
 each call sees a fresh state), `setup`/`finalize` hooks that need a runtime, judges that call
@@ -52,11 +57,11 @@ from verifiers.v1.utils.decorators import discover_decorated
 from verifiers.v1.utils.generic import concrete_type
 from verifiers.v1.utils.loaders import taskset_class
 
-from policyopt.rollout.environment import ENVIRONMENTS
+from policyopt.rollout.environment import ENVIRONMENTS, Episode
 from policyopt.rollout.tool_calls import TOOL_CALL_FORMATS, MalformedToolCall
 from policyopt.tasks.base import TASKS, Task
 from policyopt.tasks.options import split_name
-from policyopt.tasks.tool_environment import Tool, ToolEnvironment
+from policyopt.tasks.tool_environment import Tool, ToolEnvironment, ToolEpisode
 
 # A tool's result as the environment writes it (the hermes format's `result_text`).
 RESULT = re.compile(r"<tool_response>\n(.*?)\n</tool_response>\n", re.DOTALL)
@@ -91,11 +96,32 @@ def prompt_text(data: Any) -> str:
 def taskset_tools(loaded: Any) -> list[Tool]:
     """Every `@vf.tool` of the task class's and the taskset's toolsets, named as verifiers
     advertises them (`<prefix>_<tool>`)."""
-    task_cls = type(loaded).task_type()
-    toolsets = [*task_cls.toolsets(loaded.config.task), *type(loaded).toolsets(loaded.config)]
+    return [*toolset_tools(task_toolsets(loaded)), *toolset_tools(shared_toolsets(loaded))]
+
+
+def task_toolsets(loaded: Any) -> list[Any]:
+    """New instances of the task class's toolsets (per rollout, in verifiers)."""
+    return list(type(loaded).task_type().toolsets(loaded.config.task))
+
+
+def shared_toolsets(loaded: Any) -> list[Any]:
+    """New instances of the taskset's own toolsets (shared by every rollout, in verifiers)."""
+    return list(type(loaded).toolsets(loaded.config))
+
+
+def sets_up_per_task(toolset: Any) -> bool:
+    """Whether a toolset overrides `setup_task` (its tools depend on the rollout's task)."""
+    return type(toolset).setup_task is not vf.Toolset.setup_task
+
+
+def toolset_tools(toolsets: list[Any], task_data: Any = None) -> list[Tool]:
+    """The `@vf.tool`s of `toolsets`, each toolset set up first (`setup`; with `task_data`,
+    then `setup_task` with it), named as verifiers advertises them (`<prefix>_<tool>`)."""
     tools = []
     for toolset in toolsets:
         run(toolset.setup())
+        if task_data is not None:
+            run(toolset.setup_task(task_data))
         for fn in discover_decorated(toolset, "tool"):
             bare = getattr(fn, "tool_name", None) or fn.__name__
             name = f"{toolset.server_name}_{bare}" if toolset.server_name else bare
@@ -226,7 +252,8 @@ def _calls(turn: str, k: int) -> list[Any]:
 
 @ENVIRONMENTS.register("verifiers")
 class VerifiersEnvironment(ToolEnvironment):
-    """The taskset's tools behind the Hermes format (module docstring)."""
+    """The taskset's tools behind the Hermes format; a task's toolsets that set themselves
+    up per task, set up for the task of each episode's row (module docstring)."""
 
     def __init__(
         self,
@@ -235,7 +262,33 @@ class VerifiersEnvironment(ToolEnvironment):
         timeout_s: float = 30.0,
         max_calls: int = 4,
     ) -> None:
-        loaded, _ = taskset_of(taskset, taskset_options)
+        self.taskset = taskset
+        self.loaded, tasks = taskset_of(taskset, taskset_options)
+        self.by_key = {t.key: t for t in tasks}
+        toolsets = task_toolsets(self.loaded)
+        self.per_task = any(sets_up_per_task(t) for t in toolsets)
+        # Without per-task setup these instances serve every episode; with it, they give
+        # the tools' schemas and each episode sets up instances of its own.
+        self.shared = toolset_tools(shared_toolsets(self.loaded))
         super().__init__(
-            taskset_tools(loaded), call_format="hermes", timeout_s=timeout_s, max_calls=max_calls
+            [*toolset_tools(toolsets), *self.shared],
+            call_format="hermes",
+            timeout_s=timeout_s,
+            max_calls=max_calls,
         )
+
+    def start(self, prompt: str, row: Mapping[str, Any]) -> Episode:
+        """An episode with the taskset's tools; a task's toolsets that set up per task are
+        new instances set up with the task of `row["key"]` (the verifiers task's rows)."""
+        if not self.per_task:
+            return ToolEpisode(self)
+        key = row.get("key")
+        if key not in self.by_key:
+            raise ValueError(
+                f"verifiers taskset {self.taskset!r} sets its tools up per task (setup_task): "
+                f"an episode needs the 'key' of its task in its row (the verifiers task's "
+                f"rows have it), got {key!r}"
+            )
+        data = self.by_key[key].data.model_copy(deep=True)  # the toolset's own copy
+        own = toolset_tools(task_toolsets(self.loaded), data)
+        return ToolEpisode(self, {t.name: t for t in [*own, *self.shared]})

@@ -22,6 +22,11 @@ names the function declares with `@produces(...)` (`policyopt.core.structure`). 
 the step's `Rollouts.structure`, where a part that `@needs` them finds them. Plain lists keep
 working (TRL compatibility).
 
+A function may also take structure an earlier part made (the rollout strategy's, such as
+`multi_turn`'s `environment_reward`): it declares `@needs(name)` and receives it by keyword,
+as a column is passed, one entry per completion (`tensor.tolist()`); a config without the
+part that makes it is refused at load (`policyopt.config.structure_check`).
+
 Conversational prompts (TRL's format: a prompt that is a list of `{"role", "content"}`
 messages) are handed to reward functions as those messages, and their completions as
 `[{"role": "assistant", "content": text}]`, as TRL's `GRPOTrainer` does; the registered
@@ -35,7 +40,8 @@ it and the first sample that fails alone; a call that does not return within its
 (`policyopt.rewards.isolation`) is a `RewardTimeoutError`.
 
 Named functions live in `REWARD_FUNCTIONS`; `load_reward_function` also takes
-`module.path:function`. `task_reward_function` adapts a task's `verify`.
+`module.path:function`. `task_reward_function` adapts a task's `verify`. Registered here:
+`environment_reward`, the reward a multi-turn episode's environment ended it with.
 """
 
 from __future__ import annotations
@@ -44,14 +50,21 @@ import importlib
 import logging
 import math
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
 from policyopt.core.registry import Registry, unknown_name_message
-from policyopt.core.structure import check_declared_made, check_produced
+from policyopt.core.structure import (
+    check_declared_made,
+    check_produced,
+    gather,
+    needs,
+    needs_of,
+    optional_needs_of,
+)
 from policyopt.rewards import isolation
 from policyopt.rewards.calling import (
     EXTRA_ARGUMENTS,
@@ -128,6 +141,18 @@ class RewardOutput:
 
 # ---------------------------------------------------------------------------------------
 # Registered functions
+
+
+@REWARD_FUNCTIONS.register("environment_reward")
+@needs("environment_reward")
+def environment_reward(
+    completions: list[Any], environment_reward: list[float], **kwargs: Any
+) -> list[float | None]:
+    """The reward the environment ended each episode with (`Reply(done=True, reward=r)`,
+    rollout strategy `multi_turn`); None (no reward: scored 0 and counted unparseable) for
+    an episode it ended without one or a budget (`max_turns`, the token budget) cut first."""
+    del completions, kwargs  # the environment scored the episode; nothing else is read
+    return [None if math.isnan(r) else float(r) for r in environment_reward]
 
 
 # ---------------------------------------------------------------------------------------
@@ -271,7 +296,11 @@ class RewardPipeline:
         columns: dict[str, list],
         *,
         completion_ids: list[list[int]] | None = None,
+        structure: Mapping[str, torch.Tensor] | None = None,
     ) -> RewardResult:
+        """Score a batch. `structure`: the rollouts' declared structure, of which each
+        function that `@needs` a name gets that value by keyword, one entry per completion;
+        a needed name that is not there is a `MissingStructureError` naming the function."""
         n = len(completions)
         if len(prompts) != n:
             raise ValueError(f"{len(prompts)} prompts for {n} completions")
@@ -286,20 +315,24 @@ class RewardPipeline:
         weighted: dict[str, torch.Tensor] = {}
         raw: dict[str, list[float | None]] = {}
         unparseable: dict[str, int] = {}
-        structure: dict[str, torch.Tensor] = {}
+        # What earlier parts made (the strategy's, the annotators'), for functions that
+        # need it; `produced` gathers what the functions make, each in turn.
+        available = dict(structure or {})
+        produced: dict[str, torch.Tensor] = {}
         extra: dict[str, Any] = {"trainer_state": self.trainer_state}
         if completion_ids is not None:
             extra["completion_ids"] = completion_ids
         for name, fn, weight in self.functions:
             call = Call(fn, *self._styles[name], extra)
-            values, made = _score(name, call, prompts, completions, columns, self.timeouts[name])
-            clash = sorted(set(made) & set(structure))
+            given = {**columns, **_needed(name, fn, {**available, **produced}, columns, n)}
+            values, made = _score(name, call, prompts, completions, given, self.timeouts[name])
+            clash = sorted(set(made) & set(produced))
             if clash:
                 raise RewardFunctionError(
                     f"reward function {name!r} produces {clash}, which another function "
                     "of the pipeline already produced"
                 )
-            structure.update(made)
+            produced.update(made)
             raw[name] = values
             unparseable[name] = sum(v is None for v in values)
             weighted[name] = weight * torch.tensor(
@@ -314,7 +347,7 @@ class RewardPipeline:
                     n,
                 )
         return RewardResult(
-            total=total, weighted=weighted, raw=raw, unparseable=unparseable, structure=structure
+            total=total, weighted=weighted, raw=raw, unparseable=unparseable, structure=produced
         )
 
     def close(self) -> None:
@@ -348,6 +381,32 @@ class RewardPipeline:
                 start(own_prompts, own_completions, **own_columns)
             except Exception:  # noqa: S112 - __call__ reports it with the sample that fails
                 continue
+
+
+def _needed(
+    name: str,
+    fn: RewardFunction,
+    structure: Mapping[str, torch.Tensor],
+    columns: dict[str, list],
+    n: int,
+) -> dict[str, list]:
+    """The structure `fn` declares it needs, as keyword lists aligned with the completions
+    (passed, copied and split per sample as the columns are)."""
+    wanted = gather(f"reward function {name!r}", fn, structure)
+    out = {}
+    for key, value in wanted.items():
+        if key in columns:
+            raise ValueError(
+                f"column {key!r} clashes with the structure {key!r} that reward function "
+                f"{name!r} needs"
+            )
+        if len(value) != n:
+            raise ValueError(
+                f"reward function {name!r} needs {key!r}, which has {len(value)} values for "
+                f"{n} completions"
+            )
+        out[key] = value.tolist()
+    return out
 
 
 def _time_limits(
@@ -539,6 +598,9 @@ def build_reward_pipeline(
         if remote and name in remote:
             from policyopt.rewards.remote import RayRewardPool
 
+            inner = fn
             fn = RayRewardPool(name, fn, **remote[name])
+            # The pool passes list arguments on to the workers: it takes what `fn` needs.
+            needs(*needs_of(inner), optional=optional_needs_of(inner))(fn)
         functions.append((name, fn, weight))
     return RewardPipeline(functions, timeouts)

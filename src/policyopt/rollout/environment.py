@@ -1,16 +1,20 @@
 """Environments: what answers the model's turns in a multi-turn episode.
 
-An environment starts an episode from a prompt (`Environment.start`) and answers each of the
-model's turns (`Episode.step`) with a `Reply`: the messages the model reads next (a tool's
-result, an observation, a user's turn), or the end of the episode. The rollout strategy
-`multi_turn` (`policyopt.rollout.multiturn`) alternates the model's turns and the
-environment's replies in one token sequence per episode, and tokenizes each reply once:
-through the model's chat template (a chat model), or as the text `Environment.plain_text`
-gives (a model without one, such as the embedded tiny model).
+An environment starts an episode from a prompt and the data row it was built from
+(`Environment.start`: the row's columns, such as the answer, the task's id or per-row tool
+setup, in the episode's own copy) and answers each of the model's turns (`Episode.step`)
+with a `Reply`: the messages the model reads next (a tool's result, an observation, a
+user's turn), or the end of the episode, with the environment's own reward if it gives one.
+The rollout strategy `multi_turn` (`policyopt.rollout.multiturn`) alternates the model's
+turns and the environment's replies in one token sequence per episode, and tokenizes each
+reply once: through the model's chat template (a chat model), or as the text
+`Environment.plain_text` gives (a model without one, such as the embedded tiny model).
 
 The episode's reward is the reward pipeline's, as for any completion: the task's verifier and
 the other reward functions score the episode's text (every turn, the environment's replies
-included) with the row's columns.
+included) with the row's columns. The reward an environment gives at the end
+(`Reply(done=True, reward=r)`) reaches the pipeline through the reward function
+`environment_reward`.
 
 An environment never raises for what the model wrote: a malformed tool call, a tool that
 raises and one that runs past its time limit are replies that say so (`ToolEnvironment`).
@@ -18,8 +22,9 @@ raises and one that runs past its time limit are replies that say so (`ToolEnvir
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,10 +41,24 @@ ENVIRONMENTS: Registry[Callable[..., Environment]] = Registry("environment")
 class Reply:
     """The environment's answer to one model turn: `messages` for the model to read next
     (role "tool" for a tool's result, "user" for an observation), or `done` to end the
-    episode (its messages, if any, are not shown to the model)."""
+    episode (its messages, if any, are not shown to the model), with the environment's
+    `reward` for the episode if it scores it (None: it does not; the reward function
+    `environment_reward` hands it to the reward pipeline)."""
 
     messages: tuple[Message, ...] = ()
     done: bool = False
+    reward: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.reward is None:
+            return
+        if not self.done:
+            raise ValueError(
+                "Reply: a reward ends the episode; give it with done=True "
+                f"(got reward={self.reward!r} with done=False)"
+            )
+        if not math.isfinite(float(self.reward)):
+            raise ValueError(f"Reply: the reward must be a finite number, got {self.reward!r}")
 
 
 class Episode(ABC):
@@ -60,8 +79,10 @@ class Environment(ABC):
     tools: tuple[dict[str, Any], ...] = ()
 
     @abstractmethod
-    def start(self, prompt: str) -> Episode:
-        """A new episode of the prompt `prompt` (the text of its token ids)."""
+    def start(self, prompt: str, row: Mapping[str, Any]) -> Episode:
+        """A new episode of the prompt `prompt` (the text of its token ids), built from the
+        data row `row` (its columns; empty when the caller has no row). The row is the
+        episode's own copy: what the environment changes in it reaches nothing else."""
 
     def plain_text(self, message: Message) -> str:
         """A reply message as the text a model without a chat template reads."""

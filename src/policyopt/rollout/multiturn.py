@@ -1,8 +1,11 @@
 """Multi-turn rollouts: the model's turns and an environment's replies in one token sequence.
 
-The rollout strategy `multi_turn` plays one episode per sample (G per prompt). Each round
-asks the engine for one model turn of every live episode, from the episode's token ids so
-far, and hands each turn's text to its episode's environment (`policyopt.tasks.
+The rollout strategy `multi_turn` plays one episode per sample (G per prompt), each started
+from its prompt and the data row the prompt was built from (`rows`, which the trainer hands
+every strategy; the G episodes of a prompt share its row, each in its own copy, so that an
+environment that edits it changes neither the caller's row nor another episode's). Each
+round asks the engine for one model turn of every live episode, from the episode's token ids
+so far, and hands each turn's text to its episode's environment (`policyopt.rollout.
 environment`), whose reply is tokenized once and appended:
 
     prompt | turn 1 (sampled) | reply 1 (environment) | turn 2 (sampled) | ... | turn K
@@ -19,7 +22,10 @@ reads the mask counts them, while the policy reads them as it did when sampling
 (`Rollouts.attention_mask`: a response's interior zeros are read, only the trailing ones are
 padding). Per-turn structure travels as declared structure `turn_ids` [N, R]: k >= 1 on the
 k-th model turn and on the environment's reply to it, 0 on padding; the model's own tokens
-are those of `response_mask`.
+are those of `response_mask`. The reward an environment ends an episode with
+(`Reply(done=True, reward=r)`) travels as declared structure `environment_reward` [N]
+(float64; NaN for an episode the environment ended without one, or a budget cut first), which
+the reward function `environment_reward` hands to the reward pipeline.
 
 With the environment ending every episode after the first turn, the rollouts are those of
 the `parallel` strategy on the same seed, bit for bit (the first round is the same engine
@@ -34,8 +40,10 @@ messages, up to the next assistant header; or as plain text (`Environment.plain_
 
 from __future__ import annotations
 
+import copy
 import json
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
@@ -66,6 +74,7 @@ class EpisodeTokens:
     entropy: list[float] = field(default_factory=list)
     turn: list[int] = field(default_factory=list)
     truncated: bool = False
+    reward: float = math.nan  # the environment's reward at the end; NaN: none given
 
     def add(self, ids: list[int], logp: list[float], entropy: list[float], turn: int) -> None:
         """A model turn: sampled ids with their log-probs and entropies."""
@@ -148,14 +157,27 @@ def run_episodes(
     max_turn_tokens: int | None = None,
     chat_template: bool = False,
     on_finished: FinishedFn | None = None,
+    rows: Sequence[Mapping[str, Any]] | None = None,
 ) -> tuple[Rollouts, list[int]]:
-    """One episode per entry of `prompts`; (rollouts, model turns of each episode).
+    """One episode per entry of `prompts`, started from the data row of the same index in
+    `rows` (None: an empty row each); (rollouts, model turns of each episode).
     `on_finished(row, response_ids)` hears of each episode the environment ended."""
     tok = _check(engine, params, max_turns, max_turn_tokens)
+    if rows is not None and len(rows) != len(prompts):
+        raise ValueError(
+            f"rollout strategy 'multi_turn': {len(prompts)} prompts but {len(rows)} rows"
+        )
     replies = ChatReplies(tok, env.tools) if chat_template else PlainReplies(tok, env)
     budget = params.max_new_tokens
     episodes = [
-        EpisodeTokens(p, env.start(tok.decode(p, skip_special_tokens=False))) for p in prompts
+        EpisodeTokens(
+            p,
+            env.start(
+                tok.decode(p, skip_special_tokens=False),
+                {} if rows is None else own_row(rows[i]),
+            ),
+        )
+        for i, p in enumerate(prompts)
     ]
     generated, entropies = 0, True
     live = list(range(len(episodes)))
@@ -192,6 +214,20 @@ def run_episodes(
     return assemble(episodes, engine.pad_id, generated, entropies), turns
 
 
+def own_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of `row` an environment may change freely: each value deep-copied (a value
+    that cannot be copied, such as a lock or an open file, is shared as is). The caller's
+    row is what the reward functions read as columns, and the G episodes of a prompt share
+    it: an environment that edits it must reach neither."""
+    out = {}
+    for key, value in row.items():
+        try:
+            out[key] = copy.deepcopy(value)
+        except Exception:  # noqa: BLE001 - not copyable: nothing else can be handed over
+            out[key] = value
+    return out
+
+
 def _play(
     e: EpisodeTokens,
     out: Rollouts,
@@ -214,6 +250,8 @@ def _play(
         return False
     reply = e.state.step(tok.decode(ids, skip_special_tokens=True))
     if reply.done:
+        if reply.reward is not None:
+            e.reward = float(reply.reward)
         return False
     answer = replies(reply.messages)
     if turn == max_turns or len(e.ids) + len(answer) >= budget:
@@ -227,7 +265,7 @@ def assemble(
     episodes: list[EpisodeTokens], pad_id: int, generated: int, has_entropies: bool
 ) -> Rollouts:
     """The episodes as rollouts: prompts left-padded, responses right-padded (as engines
-    lay them out), `turn_ids` as declared structure."""
+    lay them out), `turn_ids` and `environment_reward` as declared structure."""
     n = len(episodes)
     p_width = max(len(e.prompt) for e in episodes)
     width = max(max(len(e.ids) for e in episodes), 1)
@@ -255,7 +293,10 @@ def assemble(
         entropies=ent,
         truncated=torch.tensor([e.truncated for e in episodes], dtype=torch.bool),
         generated_tokens=generated,
-        structure={"turn_ids": turn_ids},
+        structure={
+            "turn_ids": turn_ids,
+            "environment_reward": torch.tensor([e.reward for e in episodes], dtype=torch.float64),
+        },
         has_entropies=has_entropies,
     )
 
@@ -294,7 +335,7 @@ def environment_of(name: str, options: Mapping[str, Any] | None) -> Environment:
 
 
 @ROLLOUT_STRATEGIES.register("multi_turn")
-@produces("turn_ids")
+@produces("turn_ids", "environment_reward")
 def multi_turn(
     engine: RolloutEngine,
     prompts: list[list[int]],
@@ -303,6 +344,7 @@ def multi_turn(
     group_size: int,
     score: ScoreFn | None = None,
     on_finished: FinishedFn | None = None,
+    rows: Sequence[Mapping[str, Any]] | None = None,
     environment: EnvironmentName,
     environment_options: Mapping[str, Any] | None = None,
     max_turns: int = 4,
@@ -310,9 +352,14 @@ def multi_turn(
     chat_template: bool = False,
 ) -> tuple[Rollouts, torch.Tensor]:
     """G episodes per prompt with the registered `environment` (built with
-    `environment_options`), up to `max_turns` model turns of up to `max_turn_tokens` tokens
-    each (None: the episode's room) within `rollout.max_new_tokens` tokens per episode;
-    replies through the chat template when `chat_template` (set it as `model.chat_template`)."""
+    `environment_options`), each started from its prompt's data row in `rows`, up to
+    `max_turns` model turns of up to `max_turn_tokens` tokens each (None: the episode's room)
+    within `rollout.max_new_tokens` tokens per episode; replies through the chat template
+    when `chat_template` (set it as `model.chat_template`)."""
+    if rows is not None and len(rows) != len(prompts):
+        raise ValueError(
+            f"rollout strategy 'multi_turn': {len(prompts)} prompts but {len(rows)} rows"
+        )
     rollouts, _ = run_episodes(
         engine,
         environment_of(environment, environment_options),
@@ -324,6 +371,7 @@ def multi_turn(
         on_finished=None
         if on_finished is None
         else lambda i, ids: on_finished(i // group_size, ids),
+        rows=None if rows is None else [r for r in rows for _ in range(group_size)],
     )
     return rollouts, torch.arange(len(prompts)).repeat_interleave(group_size)
 
@@ -333,13 +381,15 @@ def held_out_rollouts(
     prompts: list[list[int]],
     params: SamplingParams,
     *,
+    rows: Sequence[Mapping[str, Any]] | None = None,
     environment: EnvironmentName,
     environment_options: Mapping[str, Any] | None = None,
     max_turns: int = 4,
     max_turn_tokens: int | None = None,
     chat_template: bool = False,
 ) -> Rollouts:
-    """One episode per prompt, for held-out evaluation (greedy or sampled as `params` say)."""
+    """One episode per prompt, started from the data row of the same index in `rows`, for
+    held-out evaluation (greedy or sampled as `params` say)."""
     rollouts, _ = run_episodes(
         engine,
         environment_of(environment, environment_options),
@@ -348,6 +398,7 @@ def held_out_rollouts(
         max_turns=max_turns,
         max_turn_tokens=max_turn_tokens,
         chat_template=chat_template,
+        rows=rows,
     )
     return rollouts
 

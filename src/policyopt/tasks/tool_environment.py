@@ -14,7 +14,7 @@ JSON schema, for the chat template, is built from them (`Tool.schema`).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,17 +90,20 @@ class ToolEnvironment(Environment):
         self.max_calls = max_calls
         self.tools = tuple(t.schema() for t in made)
 
-    def start(self, prompt: str) -> Episode:
+    def start(self, prompt: str, row: Mapping[str, Any]) -> Episode:
+        """An episode of these tools; they are the same for every row."""
         return ToolEpisode(self)
 
     def plain_text(self, message: Message) -> str:
         return self.format.result_text(str(message["content"]))
 
-    def run(self, call: ToolCall) -> str:
-        """The result of one call as the model reads it: the tool's value, or an error."""
-        tool = self.by_name.get(call.name)
+    def run(self, call: ToolCall, tools: Mapping[str, Tool] | None = None) -> str:
+        """The result of one call as the model reads it: the tool's value, or an error.
+        `tools`: the episode's own tools by name (None: the environment's)."""
+        by_name = self.by_name if tools is None else tools
+        tool = by_name.get(call.name)
         if tool is None:
-            return f"error: unknown tool {call.name!r}; tools: {', '.join(sorted(self.by_name))}"
+            return f"error: unknown tool {call.name!r}; tools: {', '.join(sorted(by_name))}"
         try:
             value = call_with_time_limit(
                 lambda: tool(call.arguments), self.timeout_s, f"tool {call.name!r}"
@@ -113,10 +116,12 @@ class ToolEnvironment(Environment):
 
 
 class ToolEpisode(Episode):
-    """One episode of a `ToolEnvironment`: answers calls until a turn makes none."""
+    """One episode of a `ToolEnvironment`: answers calls until a turn makes none, with the
+    environment's tools, or with `tools` (by name) set up for this episode alone."""
 
-    def __init__(self, env: ToolEnvironment) -> None:
+    def __init__(self, env: ToolEnvironment, tools: Mapping[str, Tool] | None = None) -> None:
         self.env = env
+        self.tools = tools
 
     def step(self, turn: str) -> Reply:
         try:
@@ -128,7 +133,7 @@ class ToolEpisode(Episode):
         messages = []
         for k, call in enumerate(calls):
             if k < self.env.max_calls:
-                content = self.env.run(call)
+                content = self.env.run(call, self.tools)
             else:
                 content = f"error: at most {self.env.max_calls} calls per turn"
             messages.append({"role": "tool", "name": call.name, "content": content})

@@ -9,7 +9,7 @@ evaluation both count with, so that e.g. DocPO's continuous rewards count as cor
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +17,7 @@ import datasets
 from rich.console import Console
 
 from policyopt.core import avg_at_k, maj_at_k, pass_at_k
-from policyopt.rollout.base import RolloutEngine, Rollouts, SamplingParams
+from policyopt.rollout.base import RolloutEngine, Rollouts, SamplingParams, concat_structure
 from policyopt.store.metrics_log import progress_bar
 from policyopt.tasks.base import Task
 from policyopt.train.prompts import decode, encode_prompts
@@ -25,9 +25,9 @@ from policyopt.train.prompts import decode, encode_prompts
 # A summary of the greedy responses: (name, per-response values of one generation batch).
 ResponseSummary = tuple[str, Callable[[Rollouts], list[float]]]
 # How held-out responses are sampled when not by `engine.generate(prompts, params)` alone:
-# (engine, prompts, params) -> rollouts, one per prompt (the `multi_turn` strategy's
-# episodes, with the run's environment).
-Generate = Callable[[RolloutEngine, list[list[int]], SamplingParams], Rollouts]
+# (engine, prompts, params, rows=...) -> rollouts, one per prompt (the `multi_turn`
+# strategy's episodes, with the run's environment, each started from its prompt's row).
+Generate = Callable[..., Rollouts]
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,7 @@ def evaluate(
             SamplingParams(max_new_tokens=max_new_tokens, greedy=True),
             lambda n: bar.update(bar_id, advance=n),
             generate,
+            picked,
         )
         sampled = []
         if samples > 0:
@@ -126,6 +127,7 @@ def evaluate(
                 SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature),
                 lambda n: bar.update(bar_id, advance=n),
                 generate,
+                [row for row in picked for _ in range(samples)],
             )
     scores = [task.verify(t, row) or 0.0 for t, row in zip(texts, picked, strict=True)]
     out = {"eval/accuracy": sum(s >= correct_threshold for s in scores) / len(scores)}
@@ -133,7 +135,10 @@ def evaluate(
     out.update(response_shape(greedy, summaries or []))
     if reward_fn is not None:
         columns = {c: [row[c] for row in picked] for c in picked[0]}
-        total = reward_fn(prompts, texts, columns).total
+        width = max(r.response_ids.shape[1] for r in greedy)
+        # The rollouts' structure, for a function that needs some (`environment_reward`).
+        structure, _ = concat_structure(greedy, width)
+        total = reward_fn(prompts, texts, columns, structure=structure).total
         out["eval/weighted_reward"] = float(total.mean())
     out.update(grouped_scores(task, picked, scores, correct_threshold))
     out.update(style_shares(task, picked, texts))
@@ -194,18 +199,22 @@ def _generate(
     params: SamplingParams,
     done: Callable[[int], None],
     generate: Generate | None = None,
+    rows: Sequence[Mapping[str, Any]] | None = None,
 ) -> tuple[list[str], list[Any]]:
     """Decoded completions of `ids` and the rollouts of each batch, generated in the
     engine's own batches (so the results are those of one call) and reported batch by
-    batch to `done`; by `generate` when given (`EvalSettings.generate`)."""
+    batch to `done`; by `generate` when given (`EvalSettings.generate`), which gets the
+    data row of each prompt (`rows`, aligned with `ids`)."""
     step = getattr(engine, "batch_size", None) or len(ids) or 1
     texts: list[str] = []
     parts: list[Any] = []
     for start in range(0, len(ids), step):
         part = ids[start : start + step]
-        rollouts = (
-            engine.generate(part, params) if generate is None else generate(engine, part, params)
-        )
+        if generate is None:
+            rollouts = engine.generate(part, params)
+        else:
+            part_rows = None if rows is None else rows[start : start + step]
+            rollouts = generate(engine, part, params, rows=part_rows)
         texts += decode(tokenizer, rollouts)
         parts.append(rollouts)
         done(len(part))

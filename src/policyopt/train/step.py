@@ -220,6 +220,7 @@ def rollout(
         group_size=parts.group_size,
         score=prompts.verify,
         on_finished=prompts.prefetch if parts.prefetch else None,
+        rows=picked,
         **strategy.options,
     )
     n = len(rollouts)
@@ -253,7 +254,13 @@ def score(parts: Parts, batch: Batch, times: Times) -> Batch:
     t0 = time.perf_counter()
     r = batch.rollouts
     ids = [row[:n] for row, n in zip(r.response_ids.tolist(), r.lengths.tolist(), strict=True)]
-    result = parts.reward(batch.prompts, batch.completions, batch.columns, completion_ids=ids)
+    result = parts.reward(
+        batch.prompts,
+        batch.completions,
+        batch.columns,
+        completion_ids=ids,
+        structure=batch.structure,  # a function that needs some (`environment_reward`)
+    )
     pairwise = result.pairwise
     batch = batch.with_structure({k: v for k, v in result.structure.items() if k not in pairwise})
     batch = batch.with_structure({k: result.structure[k] for k in pairwise}, pairwise=True)

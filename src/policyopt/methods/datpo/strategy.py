@@ -33,7 +33,9 @@ b_max), and every response, branch or base, stays within `rollout.max_new_tokens
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -72,10 +74,12 @@ def datpo_tree(
     fork_unit: str = "sentence",
     reuse_kv_cache: bool = True,
     on_finished: FinishedFn | None = None,
+    rows: Sequence[Mapping[str, Any]] | None = None,
 ) -> tuple[Rollouts, Tensor]:
     """Difficulty-adaptive tree rollouts; `group_size` is unused (module docstring), and so
-    is `on_finished`: the leaves are known only once the tree is grown."""
-    del group_size, on_finished
+    is `on_finished`: the leaves are known only once the tree is grown; and `rows`: the tree
+    reads the prompts' tokens only."""
+    del group_size, on_finished, rows
     if n_base < 1:
         raise ValueError(f"datpo_tree: n_base must be >= 1, got {n_base}")
     pad_id = int(engine.pad_id)
