@@ -3,18 +3,27 @@ and the final deployed value as regret to a large search, per arm, over seeds.
 
     python -m studies.dmrl.editor_study --seeds 0 1 2 3 4 --out runs/dmrl_editor
     python -m studies.dmrl.editor_study --recipe dmrl_smollm2 --arms random sft drpo ...
+    python -m studies.dmrl.editor_study --arms drpo drpo_free drpo_episode ...
 
 Arms (each the `dmrl` recipe, one seed's LRP and the shared SFT warm start, both cached):
 `drpo`, `no_mad`, `no_control`, `no_edit_cost`, `grpo` (the ablation's variants,
 `dmrl_ablation.VARIANTS`); `sft`, the warm start without learning (the same loop and
 DRPO, with `optim.lr=1e-12`: Adam moves each weight by about lr per step, so 60 steps
 change nothing); `random`, the deployment loop with random well-formed edits
-(`scripted_edit`) in place of the editor, as many per day as the editor proposes.
+(`scripted_edit`) in place of the editor, as many per day as the editor proposes;
+`drpo_episode`, DRPO with the editor as an episode of up to 3 edits (recipe `dmrl_episode`
+over the study's recipe: edit, read the A/B result, edit again; `policyopt.envs.ads.
+episode`), which decodes without the edit grammar (the multi_turn strategy refuses one);
+`drpo_free`, the one-edit DRPO arm without the grammar too, so that the episode's effect
+and the grammar's are measured apart.
 
 Every run also scores, from the same states and on the same evaluation users, as many
 random well-formed edits (`random_true_lift` of the day records): the paired baseline of
-"proposals against random edits". The large search (`adsim.search.large_search`, 7-day
-value on the task's evaluation users) is run once per seed and cached in `<out>/search`.
+"proposals against random edits". For an episode arm a proposal is an episode's final
+document, and its random counterpart as many random edits in sequence as the episode had
+turns (3 unless the token budget cut it): both sides make the same number of edits. The
+large search (`adsim.search.large_search`, 7-day value on the task's evaluation users) is
+run once per seed and cached in `<out>/search`.
 Runs are skipped when their `summary.json` exists, so a killed study resumes.
 """
 
@@ -41,15 +50,39 @@ from policyopt.train.parts import build_parts
 from studies.dmrl.ablation import VARIANTS
 
 FROZEN_LR = 1e-12
-ARMS = ["random", "sft", *VARIANTS]
+# arm -> the one-edit variant it runs as an episode (recipe `<recipe>_episode`)
+EPISODE_ARMS = {"drpo_episode": "drpo"}
+# arm -> the one-edit variant it runs without the edit grammar
+FREE_ARMS = {"drpo_free": "drpo"}
+STUDY_ARMS = ["random", "sft", *VARIANTS]  # the arms of the recorded study: the default
+ARMS = [*STUDY_ARMS, *FREE_ARMS, *EPISODE_ARMS]
 TAIL = 10  # the "last steps" window, as in the quickstart's summary
+# the shipped recipe that makes a recipe's editor an episode
+EPISODE_RECIPES = {"dmrl": "dmrl_episode"}
 
 
 def arm_overrides(arm: str) -> list[str]:
-    """The config overrides of an LM arm (`sft`: DRPO with the update switched off)."""
-    variant = VARIANTS["drpo" if arm == "sft" else arm]
+    """The config overrides of an LM arm (`sft`: DRPO with the update switched off; an
+    episode arm its variant's, over the episode recipe: `arm_recipe`)."""
+    base = EPISODE_ARMS.get(arm) or FREE_ARMS.get(arm) or arm
+    variant = VARIANTS["drpo" if base == "sft" else base]
     extra = [f"optim.lr={FROZEN_LR}"] if arm == "sft" else []
+    if arm in FREE_ARMS:
+        extra.append('rollout.engine_options={"grammar": null}')
     return [f"{k}={json.dumps(v)}" for k, v in variant.items()] + extra
+
+
+def arm_recipe(arm: str, recipe: str) -> str:
+    """The recipe an arm runs: the study's, or for an episode arm the study's recipe with
+    the editor as an episode."""
+    if arm not in EPISODE_ARMS:
+        return recipe
+    if recipe not in EPISODE_RECIPES:
+        raise ValueError(
+            f"editor study: arm {arm!r} needs the episode recipe of --recipe {recipe!r}; "
+            f"there is one for {', '.join(EPISODE_RECIPES)}"
+        )
+    return EPISODE_RECIPES[recipe]
 
 
 def run_random(config: Config, run_dir: Path) -> dict[str, Any]:
@@ -120,7 +153,7 @@ def run_arm(
         return json.loads(path.read_text())
     extra = [] if arm == "random" else arm_overrides(arm)
     config = recipe_config(
-        recipe,
+        arm_recipe(arm, recipe),
         [*overrides, *extra, "train.resume=null", "train.progress=false"],
         str(run_dir),
         seed,
@@ -158,13 +191,28 @@ def seed_row(out: Path, arm: str, seed: int, search: dict[str, Any]) -> dict[str
         "deployments": float(s["deployments"]),
         "malformed": float(s["malformed_fraction"]),
         "truncated": float(s["truncated_fraction"]),
+        # well-formed edits per proposal (an episode's may be up to its turns)
+        "edits": sum(r["ok"] for r in log) / sum(r["proposals"] for r in log),
     }
     return row
 
 
+def paired_bases(arm: str) -> list[str]:
+    """The arms `arm` is compared with seed by seed: random edits and the SFT editor; an
+    episode arm also its one-edit variant with and without the grammar, a no-grammar arm its
+    variant with the grammar."""
+    bases = ["random", "sft"]
+    if arm in EPISODE_ARMS:
+        variant = EPISODE_ARMS[arm]
+        bases += [variant, *(a for a, v in FREE_ARMS.items() if v == variant)]
+    if arm in FREE_ARMS:
+        bases.append(FREE_ARMS[arm])
+    return bases
+
+
 def report(out: Path, seeds: list[int], arms: list[str], budget: int) -> dict[str, Any]:
-    """Per arm: mean ± 95% t over the seeds that finished; paired differences to `random`
-    and to `sft` where both finished on a seed."""
+    """Per arm: mean ± 95% t over the seeds that finished; paired differences to the arms
+    of `paired_bases` where both finished on a seed."""
     searches = {
         s: json.loads((out / "search" / f"seed{s}_b{budget}.json").read_text())
         for s in seeds
@@ -184,7 +232,7 @@ def report(out: Path, seeds: list[int], arms: list[str], budget: int) -> dict[st
             k: dict(zip(("mean", "ci95"), mean_ci([r[k] for r in per.values()]), strict=True))
             for k in keys
         }
-        for base in ("random", "sft"):
+        for base in paired_bases(arm):
             if base == arm or base not in rows:
                 continue
             common = sorted(set(per) & set(rows[base]))
@@ -213,8 +261,8 @@ def table(result: dict[str, Any]) -> str:
     lines = [
         "| arm | seeds | proposals' true lift, all steps (%) | second half | last 10 "
         "| proposals − paired random edits, all steps | second half | final gain (%) "
-        "| regret to search (%) | deployments |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| regret to search (%) | deployments | edits per proposal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, a in result["arms"].items():
         st = a["stats"]
@@ -224,7 +272,7 @@ def table(result: dict[str, Any]) -> str:
             f"| {arm} | {len(a['seeds'])} | {f(st, 'lift_all')} | {f(st, 'lift_half')} "
             f"| {f(st, 'lift_tail')} | {f(st, 'vs_random_all')} | {f(st, 'vs_random_half')} "
             f"| {f(st, 'gain')} | {st['regret']['mean'] * 100:.1f} ± {st['regret']['ci95'] * 100:.1f} "
-            f"| {st['deployments']['mean']:.0f} |"
+            f"| {st['deployments']['mean']:.0f} | {st['edits']['mean']:.2f} |"
         )
     return "\n".join(lines)
 
@@ -233,7 +281,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--out", default="runs/dmrl_editor")
-    p.add_argument("--arms", nargs="+", default=ARMS, choices=ARMS)
+    p.add_argument("--arms", nargs="+", default=STUDY_ARMS, choices=ARMS)
     p.add_argument("--search-budget", type=int, default=1000)
     p.add_argument("--recipe", default="dmrl", help="dmrl or a recipe over it (dmrl_smollm2)")
     p.add_argument("--report-only", action="store_true")

@@ -29,7 +29,7 @@ from policyopt.recipes import recipe_names
 ORDER = [
     "grpo", "hispo", "gar", "datpo", "srpo", "ranking_grpo", "ranking_pgrank",
     "srpo_clicks", "srpo_diversity", "tools", "dmrl", "docpo", "docpo_nosaa",
-    "rerank_srpo", "countdown", "dmrl_smollm2",
+    "rerank_srpo", "countdown", "dmrl_smollm2", "dmrl_episode",
 ]  # fmt: skip
 
 

@@ -126,3 +126,62 @@ def test_the_smollm2_editor_recipe_runs_with_lora_and_the_grammar(tmp_path, monk
     assert saved["edit_token_budget"] < 57
     # the adapter was trained and saved, the base weights were not
     assert list(out.glob("**/adapter_model.safetensors"))
+
+
+def test_the_episode_recipe_is_the_dmrl_recipe_with_the_editor_as_an_episode():
+    from policyopt.envs.ads.episode import EDITOR, episode_token_budget
+    from policyopt.models.tiny import build_char_tokenizer
+    from policyopt.pipelines.dmrl import episode_turns
+
+    one, episode = recipe_config("dmrl", [], None, 0), recipe_config("dmrl_episode", [], None, 0)
+    assert episode_turns(one) is None and episode_turns(episode) == 3
+    assert episode.rollout.strategy == "multi_turn"
+    assert episode.rollout.strategy_options == {"environment": EDITOR, "max_turns": 3}
+    assert episode.rollout.engine_options == {"grammar": None}
+    # the budget is the episode's, exactly; nothing else of the recipe moves (the task
+    # options, hence the SFT warm start's and the LRP's cache keys, included)
+    budget = episode_token_budget(build_char_tokenizer(), 3, 8)
+    assert episode.rollout.max_new_tokens == budget == 195
+    assert check_token_budget(budget, build_char_tokenizer(), 8, 3) == budget
+    with pytest.raises(ValueError, match="cannot hold 3 of the longest demonstration edits"):
+        check_token_budget(budget - 1, build_char_tokenizer(), 8, 3)
+    assert episode.task == one.task and episode.sft == one.sft
+    assert episode.algorithm == one.algorithm and episode.model == one.model
+
+
+def test_episodes_under_the_edit_grammar_are_refused_before_training(tmp_path):
+    config = recipe_config(
+        "dmrl_episode",
+        [*TINY, 'rollout.engine_options={"grammar": "skill_rule"}'],
+        str(tmp_path),
+        None,
+    )
+    with pytest.raises(ValueError, match="cannot decode under the edit grammar"):
+        run_dmrl_pipeline(config)
+    assert not (tmp_path / "lrp").exists()
+
+
+@pytest.mark.slow
+def test_quickstart_dmrl_episode_tiny(tmp_path, monkeypatch):
+    """`policyopt quickstart dmrl_episode` at a tiny size: episodes of up to 3 edits, the
+    day records per episode and per turn, the deployed document still the true one."""
+    monkeypatch.setenv("POLICYOPT_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    config = recipe_config("dmrl_episode", TINY, str(out), None)
+    saved = run_dmrl_pipeline(config)
+    assert saved["rl_steps"] == 2 and saved["episode_turns"] == 3
+    assert saved["edit_token_budget"] == 195 == config.rollout.max_new_tokens
+    days = [json.loads(line) for line in (out / "dmrl_days.jsonl").read_text().splitlines()]
+    assert len(days) == 2
+    for d in days:  # 4 episodes a day of 3 turns each, unless the budget cut one
+        assert d["proposals"] == 4 and 4 <= d["turns"] <= 12
+        assert d["turns"] == d["ok"] + d["malformed"] + d["truncated"]
+        assert np.isfinite(d["true_lift"]) and np.isfinite(d["random_true_lift"])
+    turns = sum(d["turns"] for d in days)
+    assert saved["malformed_fraction"] == pytest.approx(sum(d["malformed"] for d in days) / turns)
+    platform = platform_for(config.task.options)
+    burn_in(platform, int(saved["lrp"]["first_online_day"]))
+    final = platform.value(
+        RuleAgent()(parse_document(saved["final_document"])), platform.eval_users(100)
+    )
+    assert saved["final_long_term_value"] == pytest.approx(final)

@@ -8,7 +8,10 @@ true long-term value of the deployed configuration.
    started.
 2. The LRP is frozen and saved (`<output_dir>/lrp`); the live task reads it from there.
 3. SFT warm start on the scripted editor's edits (cached like every recipe's SFT).
-4. RL with the configured method: each step is one day of the live environment.
+4. RL with the configured method: each step is one day of the live environment. With the
+   editor as an episode (`rollout.strategy: multi_turn` with the `dmrl_editor`
+   environment, recipe `dmrl_episode`; `policyopt.envs.ads.episode`) the environment is
+   bound to the run's live world, each sample an episode of up to `max_turns` edits.
 5. Summary: `initial_long_term_value` is the true 7-day value per user (simulator
    expectation, the platform's fixed evaluation users) of the starting document's
    configuration; `final_long_term_value` that of the deployed configuration after the last
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import inspect
 import json
 import os
 import shutil
@@ -31,6 +35,7 @@ from rich.console import Console
 from policyopt.config.load import Config
 from policyopt.envs.ads.adsim.abtest import AdPlatform
 from policyopt.envs.ads.adsim.history import make_history
+from policyopt.envs.ads.episode import EDITOR, EditorEnvironment, episode_token_budget
 from policyopt.envs.ads.lrp.features import build_bank
 from policyopt.envs.ads.lrp.io import save_lrp
 from policyopt.envs.ads.lrp.surrogate import SurrogateIndex
@@ -47,6 +52,7 @@ from policyopt.models.loading import load_tokenizer
 from policyopt.models.threads import apply_num_threads
 from policyopt.models.tiny import build_char_tokenizer, embedded_size
 from policyopt.pipelines.quickstart import warm_started_policy
+from policyopt.rollout.multiturn import environment_of, multi_turn
 from policyopt.store import run_folder
 from policyopt.train.trainer import Trainer
 
@@ -55,21 +61,57 @@ TRAIN_SHARE = 0.8
 LAST_STEPS = 10  # proposal_true_lift averages the editor's last LAST_STEPS days
 
 
-def check_token_budget(max_new_tokens: int, tokenizer: object, margin: int) -> int:
-    """The budget the editor needs; a clear error if `rollout.max_new_tokens` is below it."""
-    need = edit_token_budget(tokenizer, margin)
+def check_token_budget(
+    max_new_tokens: int, tokenizer: object, margin: int, turns: int | None = None
+) -> int:
+    """The budget the editor needs (one edit, or an episode of `turns` edits and the
+    replies between them); a clear error if `rollout.max_new_tokens` is below it."""
+    if turns is None:
+        need, what = edit_token_budget(tokenizer, margin), "the longest demonstration edit"
+    else:
+        need = episode_token_budget(tokenizer, turns, margin)
+        what = f"{turns} of the longest demonstration edits with the replies between them"
     if max_new_tokens < need:
         raise ValueError(
-            f"dmrl: rollout.max_new_tokens={max_new_tokens} cannot hold the longest "
-            f"demonstration edit plus task.options.token_margin={margin} ({need} tokens with "
-            f"this tokenizer); cut edits are never applied, so set rollout.max_new_tokens={need}"
+            f"dmrl: rollout.max_new_tokens={max_new_tokens} cannot hold {what} plus "
+            f"task.options.token_margin={margin} ({need} tokens with this tokenizer); cut "
+            f"edits are never applied, so set rollout.max_new_tokens={need}"
         )
     return need
 
 
+def episode_turns(config: Config) -> int | None:
+    """K when the run's editor is an episode (`rollout.strategy: multi_turn` with the
+    `dmrl_editor` environment: up to `max_turns` edits); None for one edit per step. Such a
+    run cannot decode under the edit grammar (its state does not span the replies): refused
+    here, before the predictor and the warm start."""
+    ro = config.rollout
+    if ro.strategy != "multi_turn" or ro.strategy_options.get("environment") != EDITOR:
+        return None
+    if ro.engine_options.get("grammar") is not None:
+        raise ValueError(
+            f"dmrl: the {EDITOR} episodes cannot decode under the edit grammar "
+            f"(rollout.engine_options.grammar={ro.engine_options['grammar']!r}): the "
+            "multi_turn strategy refuses a grammar-constrained engine; set "
+            "rollout.engine_options.grammar=null"
+        )
+    default = inspect.signature(multi_turn).parameters["max_turns"].default
+    return int(ro.strategy_options.get("max_turns", default))
+
+
+def bind_episodes(config: Config, task: Any, turns: int) -> None:
+    """Hand the run's live world to its `dmrl_editor` environment (the instance the
+    multi_turn strategy builds for these options)."""
+    options = config.rollout.strategy_options
+    env = environment_of(EDITOR, options.get("environment_options"))
+    assert isinstance(env, EditorEnvironment)
+    env.bind(task.env, turns)
+
+
 def proposal_summary(log: list[dict[str, Any]], last: int = LAST_STEPS) -> dict[str, float]:
     """The summary's proposal statistics from the environment's day records."""
-    n = sum(r["proposals"] for r in log)
+    # status fractions over the edits proposed: an episode's turns, else the proposals
+    n = sum(r.get("turns", r["proposals"]) for r in log)
     tail = log[-last:]
 
     def mean(key: str) -> float:
@@ -203,9 +245,10 @@ def _run(config: Config, console: Console) -> dict[str, Any]:
     options = dict(config.task.options)
     options.setdefault("seed", config.train.seed)
     t0 = time.perf_counter()
+    turns = episode_turns(config)
     probe_tok = _tokenizer_for(config)
     budget = check_token_budget(
-        config.rollout.max_new_tokens, probe_tok, int(options.get("token_margin", 8))
+        config.rollout.max_new_tokens, probe_tok, int(options.get("token_margin", 8)), turns
     )
     live, lrp = live_options(config, out)
     lrp["lrp_seconds"] = time.perf_counter() - t0  # near 0 when cached
@@ -230,6 +273,8 @@ def _run(config: Config, console: Console) -> dict[str, Any]:
     trainer = Trainer(rl_config, model=model, tokenizer=tok, console=console)
     try:
         task = trainer.task
+        if turns is not None:
+            bind_episodes(rl_config, task, turns)
         initial = task.value(START_DOCUMENT)  # type: ignore[attr-defined]
         t_rl = time.perf_counter()
         last = trainer.train()
@@ -257,6 +302,7 @@ def _run(config: Config, console: Console) -> dict[str, Any]:
         "deployments": len(env.deployed_days),
         **proposal_summary(env.log),
         "edit_token_budget": budget,
+        **({"episode_turns": turns} if turns is not None else {}),
         "lower_agent": agent_stats() if callable(agent_stats) else "rule",
         "sft": sft_metrics,
         "rl_steps": trainer.step,

@@ -33,6 +33,7 @@ TASKS.lazy("dmrl_skill", ADS, "dmrl")
 REWARD_FUNCTIONS.lazy("dmrl_lrp", ADS, "dmrl")
 GRAMMARS.lazy("skill_rule", ADS, "dmrl")
 GRAMMARS.lazy("skill_edit", ADS, "dmrl")
+ENVIRONMENTS.lazy("dmrl_editor", ADS, "dmrl")
 
 for _name in ("ltr_synthetic", "ltr_clicks", "ltr_diversity", "rerank"):
     TASKS.lazy(_name, LTR, "rank")

@@ -88,3 +88,49 @@ def test_the_report_is_the_day_records_by_hand(study):
     assert stat["ci95"] == pytest.approx(half, rel=1e-3)
     assert "| sft | 2 |" in table(result)
     assert len(result["curves"]["sft"]) == 3
+
+
+def test_the_episode_and_no_grammar_arms_are_drpo_with_one_thing_changed():
+    from studies.dmrl.editor_study import arm_recipe, paired_bases
+
+    drpo = recipe_config("dmrl", arm_overrides("drpo"), None, 0)
+    episode = recipe_config(
+        arm_recipe("drpo_episode", "dmrl"), arm_overrides("drpo_episode"), None, 0
+    )
+    free = recipe_config(arm_recipe("drpo_free", "dmrl"), arm_overrides("drpo_free"), None, 0)
+    assert arm_recipe("drpo_episode", "dmrl") == "dmrl_episode"
+    assert episode.algorithm == drpo.algorithm == free.algorithm
+    assert episode.rollout.strategy == "multi_turn" and drpo.rollout.strategy == "parallel"
+    assert free.rollout.engine_options == {"grammar": None}
+    assert drpo.rollout.engine_options == {"grammar": "skill_rule"}
+    assert free.rollout.model_copy(update={"engine_options": {}}) == drpo.rollout.model_copy(
+        update={"engine_options": {}}
+    )
+    assert episode.task == drpo.task and episode.sft == drpo.sft  # the same caches
+    assert paired_bases("drpo_episode") == ["random", "sft", "drpo", "drpo_free"]
+    assert paired_bases("drpo_free") == ["random", "sft", "drpo"]
+    with pytest.raises(ValueError, match="needs the episode recipe"):
+        arm_recipe("drpo_episode", "dmrl_smollm2")
+
+
+@pytest.mark.slow
+def test_the_episode_arm_runs_beside_the_others(study):
+    out, _ = study
+    for seed in (0, 1):
+        run_arm("drpo_episode", seed, out, STUDY)
+    result = report(out, [0, 1], ["random", "sft", "drpo_episode"], 20)
+    episode = result["arms"]["drpo_episode"]
+    assert episode["seeds"] == [0, 1]
+    diffs = []
+    for seed in (0, 1):
+        log = _days(out, "drpo_episode", seed)
+        assert len(log) == 3 and all(r["proposals"] == 4 for r in log)
+        # the paired random baseline: random edit sequences from the same states
+        paired = np.mean([r["true_lift"] - r["random_true_lift"] for r in log])
+        assert episode["per_seed"][seed]["vs_random_all"] == pytest.approx(paired)
+        sft = np.mean([r["true_lift"] - r["random_true_lift"] for r in _days(out, "sft", seed)])
+        diffs.append(paired - sft)
+        summary = json.loads((out / "drpo_episode" / f"seed{seed}" / "summary.json").read_text())
+        assert summary["episode_turns"] == 3
+    assert episode["stats"]["vs_random_all_minus_sft"]["per_seed"] == pytest.approx(diffs)
+    assert "| drpo_episode | 2 |" in table(result)

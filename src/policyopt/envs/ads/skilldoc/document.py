@@ -53,6 +53,17 @@ class Edit:
 
 
 @dataclass(frozen=True)
+class EditSequence:
+    """Edits made one after another (an editor episode's well-formed edits), deployed as one
+    change; its text is theirs, joined by "; "."""
+
+    edits: tuple[Edit, ...]
+
+    def text(self) -> str:
+        return "; ".join(e.text() for e in self.edits)
+
+
+@dataclass(frozen=True)
 class SkillDocument:
     sections: tuple[tuple[str, tuple[str, ...]], ...]  # (name, rules) in order
 
@@ -83,7 +94,12 @@ class SkillDocument:
             lines.extend(f"{i}. {r}" for i, r in enumerate(rules, 1))
         return "\n".join(lines)
 
-    def apply(self, edit: Edit) -> SkillDocument:
+    def apply(self, edit: Edit | EditSequence) -> SkillDocument:
+        if isinstance(edit, EditSequence):
+            doc = self
+            for e in edit.edits:
+                doc = doc.apply(e)
+            return doc
         out = []
         for name, rules in self.sections:
             if name == edit.section:

@@ -17,6 +17,10 @@ The environment is an object its task owns; the `dmrl_lrp` reward is built with 
 reads this environment directly (no registry, no key in the rows). Scoring leaves the day's
 scored proposals in `scored`; `close_day` (called when the step's round ends) deploys and
 logs, so scoring alone never moves the world.
+
+With the editor as an episode (`policyopt.envs.ads.episode`), `played` holds the day's
+episodes as the `dmrl_editor` environment played them (where each model turn ends), for the
+reward to read; `close_day` empties it. None: the editor makes one edit per step.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any
 from policyopt.envs.ads.adsim.abtest import AdPlatform, Experiment
 from policyopt.envs.ads.adsim.params import AdParams
 from policyopt.envs.ads.adsim.world import Users
-from policyopt.envs.ads.skilldoc.document import Edit, SkillDocument, parse_document
+from policyopt.envs.ads.skilldoc.document import Edit, EditSequence, SkillDocument, parse_document
 from policyopt.envs.ads.skilldoc.rule_agent import LowerAgent, RuleAgent
 from policyopt.envs.ads.skilldoc.scripted import START_DOCUMENT
 
@@ -52,7 +56,7 @@ class ScoredDay:
     (edit, predicted lift, arm index, per-population lifts; None when no edit was
     well-formed) and the day's record for the log."""
 
-    best: tuple[Edit, float, int, tuple[float, ...]] | None
+    best: tuple[Edit | EditSequence, float, int, tuple[float, ...]] | None
     record: dict[str, Any]
 
 
@@ -86,6 +90,9 @@ class SkillEnv:
     log: list[dict[str, Any]] = field(default_factory=list)
     # Today's scored proposals (the reward's), until `close_day` ends the day with them.
     scored: ScoredDay | None = field(default=None, repr=False)
+    # The day's editor episodes as played (`episode.PlayedTurn` lists), when the editor is
+    # an episode (`episode.EditorEnvironment.bind`); None: one edit per step.
+    played: list[list[Any]] | None = field(default=None, repr=False)
     _values: dict[tuple[float, ...], float] = field(default_factory=dict, repr=False)
 
     @property
@@ -109,13 +116,16 @@ class SkillEnv:
             self._values[key] = self.platform.value(params, self.eval_users)
         return self._values[key]
 
-    def multi_arm_test(self, candidates: list[SkillDocument]) -> list[Experiment]:
-        """Today's candidates in one multi-arm test against the deployed configuration
-        (one control arm, the same users' traffic; `AdPlatform.multi_arm_test`)."""
+    def multi_arm_test(
+        self, candidates: list[SkillDocument], control: SkillDocument | None = None
+    ) -> list[Experiment]:
+        """Today's candidates in one multi-arm test against the deployed configuration, or
+        against `control`'s (one control arm, the same users' traffic;
+        `AdPlatform.multi_arm_test`)."""
         return self.platform.multi_arm_test(
             ONLINE_ID_BASE + 1000 * self.day,
             self.start_day,
-            self.control,
+            self.control if control is None else self.agent(control),
             [self.agent(c) for c in candidates],
         )
 
@@ -130,7 +140,11 @@ class SkillEnv:
         )
 
     def deploy(
-        self, edit: Edit | None, lift: float, index: int, pop_lifts: tuple[float, ...] = ()
+        self,
+        edit: Edit | EditSequence | None,
+        lift: float,
+        index: int,
+        pop_lifts: tuple[float, ...] = (),
     ) -> bool:
         """End the day: deploy `edit` if its predicted lift exceeds `deploy_margin`; True if
         deployed."""
@@ -153,6 +167,8 @@ class SkillEnv:
         margin allows (`deploy`), and log the day's record with what was deployed and, in the
         live world, the day the population lived."""
         scored, self.scored = self.scored, None
+        if self.played is not None:  # the round's episodes were scored (or never will be)
+            self.played.clear()
         if scored is None:
             return
         record = scored.record
