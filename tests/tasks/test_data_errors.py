@@ -2,7 +2,8 @@
 short error that names the file and the line or row (and the limit, for a row too large),
 never a parser's traceback; a reward that returns something unusable names the function and
 the sample. Each case goes through the tasks' one loader (`load_rows`, under `hf_dataset` and
-`math`)."""
+`math`), or for the learning-to-rank files through `read_letor` (under `letor`), which decodes
+its lines with the same helper."""
 
 import json
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from policyopt.rewards.functions import RewardFunctionError
-from policyopt.tasks import HFDatasetTask, MathTask
+from policyopt.tasks import HFDatasetTask, LetorTask, MathTask
 from policyopt.tasks.hf_dataset import MAX_PROMPT_CHARS
 
 GOOD = [{"prompt": f"{i}+{i}=?", "answer": str(2 * i)} for i in range(5)]
@@ -49,6 +50,31 @@ def bad_files(tmp_path):
     ]
 
 
+GOOD_LETOR = b"2 qid:1 1:0.5 3:2\n0 qid:1 2:1.5\n1 qid:7 1:3 # doc \xc3\xa9\n"
+
+
+def bad_letor_files():
+    """(file name, bytes, what the error must say) for each kind of bad LETOR file."""
+    return [
+        (
+            "latin1.letor",
+            GOOD_LETOR.replace(b"2:1.5", b"2:1.5 # caf\xe9"),
+            r"latin1\.letor line 2: not UTF-8 text \(byte 0xe9 at column 20\)",
+        ),
+        ("broken.letor", GOOD_LETOR + b"1 q:7 1:2\n", r"broken\.letor:4: not a LETOR line"),
+        ("empty.letor", b"# only a comment\n", r"empty\.letor: no data lines"),
+    ]
+
+
+def assert_one_short_line(caught, path) -> None:
+    text = str(caught.value)
+    assert str(path) in text
+    assert "\n" not in text and len(text) < 400, text  # one short line
+    # No parser traceback chained under it (the CLI prints the message alone anyway).
+    error = caught.value
+    assert error.__cause__ is None and (error.__context__ is None or error.__suppress_context__)
+
+
 @pytest.mark.parametrize("case", range(7))
 @pytest.mark.parametrize("task_class", [HFDatasetTask, MathTask])
 def test_bad_file_is_one_short_error_naming_file_and_line(tmp_path, case, task_class):
@@ -57,12 +83,20 @@ def test_bad_file_is_one_short_error_naming_file_and_line(tmp_path, case, task_c
     path.write_bytes(content)
     with pytest.raises(ValueError, match=message) as caught:
         task_class(str(path), prompt_column="prompt")
-    text = str(caught.value)
-    assert str(path) in text
-    assert "\n" not in text and len(text) < 400, text  # one short line
-    # No parser traceback chained under it (the CLI prints the message alone anyway).
-    error = caught.value
-    assert error.__cause__ is None and (error.__context__ is None or error.__suppress_context__)
+    assert_one_short_line(caught, path)
+
+
+@pytest.mark.parametrize("case", range(3))
+@pytest.mark.parametrize("split", ["train_path", "eval_path"])
+def test_bad_letor_file_is_one_short_error_naming_file_and_line(tmp_path, case, split):
+    name, content, message = bad_letor_files()[case]
+    good, path = tmp_path / "good.letor", tmp_path / name
+    good.write_bytes(GOOD_LETOR)  # UTF-8 in a comment is fine
+    path.write_bytes(content)
+    options = {"train_path": str(good), "eval_path": str(good), split: str(path)}
+    with pytest.raises(ValueError, match=message) as caught:
+        LetorTask(**options)
+    assert_one_short_line(caught, path)
 
 
 def test_bad_eval_file_is_named_not_the_train_file(tmp_path):

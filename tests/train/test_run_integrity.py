@@ -96,7 +96,12 @@ def test_a_resume_after_the_data_changed_is_refused_naming_the_file(tmp_path) ->
 
 # ----------------------------------------------------------------- positions
 class CharTask:
-    """Rows whose prompt is their text; one token per character (as the embedded model)."""
+    """Rows whose prompt is their text; one token per character (as the embedded model).
+    Its demonstration has `demo` characters; its one tool's schema is `TOOL` as JSON."""
+
+    name = "chars"
+    tools = ()
+    demo = 0
 
     def prompt_messages(self, row):
         return None
@@ -104,10 +109,29 @@ class CharTask:
     def format_prompt(self, row):
         return row["prompt"]
 
+    def sft_segments(self, row):
+        return [[("d" * self.demo, True)]]
+
+
+TOOL = {"name": "calc"}  # 16 characters as JSON
+
 
 class CharTokenizer:
+    eos_token_id = 0
+    chat_template = None
+
     def __call__(self, text, add_special_tokens=False):
         return {"input_ids": [ord(c) for c in text]}
+
+    def apply_chat_template(self, messages, tools, add_generation_prompt, tokenize):
+        listed = "".join(json.dumps(t) for t in tools or ())
+        return self(listed + messages[-1]["content"])["input_ids"]
+
+
+class ChatTokenizer(CharTokenizer):
+    """A chat template that writes the tools' schemas and the message's text, nothing else."""
+
+    chat_template = "tools, then the message"
 
 
 class Model:
@@ -116,19 +140,40 @@ class Model:
         _name_or_path = "little"
 
 
-@pytest.mark.parametrize("split", ["train", "eval"])
-def test_the_first_row_past_the_positions_is_named(split) -> None:
-    config = load_config(overrides=["rollout.max_new_tokens=16", "eval.max_new_tokens=32"])
-    budget = 16 if split == "train" else 32
+@pytest.mark.parametrize("tools", [False, True], ids=["plain", "chat template with tools"])
+@pytest.mark.parametrize("split", ["train", "eval", "sft"])
+def test_the_first_row_past_the_positions_is_named(split, tools) -> None:
+    """A prompt plus what follows it (a rollout's budget, or SFT's demonstration and EOS) at
+    the model's positions fits, one more is refused, naming the row; the prompt as the
+    trainer encodes it, the chat template's tool schemas included."""
+    from policyopt.train.sft import check_sft_positions
+
+    overrides = ["rollout.max_new_tokens=16", "eval.max_new_tokens=32"]
+    config = load_config(overrides=[*overrides, f"model.chat_template={tools}"])
+    budget = {"train": 16, "eval": 32, "sft": 24}[split]
+    task, tok = CharTask(), ChatTokenizer() if tools else CharTokenizer()
+    task.demo, task.tools = budget - 1, (TOOL,) if tools else ()  # the demo, then EOS
+    frame = len(json.dumps(TOOL)) if tools else 0
     # Row 0 fits exactly (its 2-byte characters are one token each); row 1 is one over.
-    fits, over = "é" * (64 - budget), "x" * (65 - budget)
+    fits, over = "é" * (64 - budget - frame), "x" * (65 - budget - frame)
     rows = [{"prompt": fits}, {"prompt": over}, {"prompt": "y" * 100}]
-    check_positions(Model(), CharTokenizer(), CharTask(), split, rows[:1], config)
+
+    def check(rows):
+        if split == "sft":
+            check_sft_positions(Model(), tok, task, rows, chat=tools)
+        else:
+            check_positions(Model(), tok, task, split, rows, config)
+
+    check(rows[:1])
     with pytest.raises(ValueError) as err:
-        check_positions(Model(), CharTokenizer(), CharTask(), split, rows, config)
+        check(rows)
     message = str(err.value)
-    assert f"{split} row 1 " in message and "64" in message and "little" in message
-    assert f"max_new_tokens={budget}" in message and "\n" not in message
+    assert f"{'train' if split == 'sft' else split} row 1 " in message and "\n" not in message
+    assert "65 positions, more than the 64 of little" in message
+    if split != "sft":
+        assert f"max_new_tokens={budget}" in message
+    else:
+        assert f"of task 'chars', prompt '{over[:40]}" in message  # its start, to find it
 
 
 def test_a_run_whose_prompts_leave_no_room_is_refused_before_the_first_step(tmp_path) -> None:

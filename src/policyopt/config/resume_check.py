@@ -120,11 +120,20 @@ def data_fingerprint(config: Config) -> dict[str, dict[str, str]]:
     """{option key: {"path": ..., "sha256": ...}} for every task option (at any depth, in
     lists too) that names an existing local file or folder: the data the run reads, by
     content. Hub names and in-memory tasks have none."""
-    found: dict[str, dict[str, str]] = {}
-    for key, value in _leaves(config.task.options, "task.options"):
-        if isinstance(value, str) and value and os.path.exists(value):
-            found[key] = {"path": value, "sha256": content_hash(Path(value))}
-    return found
+    return {
+        key: {"path": path, "sha256": content_hash(Path(path))}
+        for key, path in data_files(config).items()
+    }
+
+
+def data_files(config: Config) -> dict[str, str]:
+    """{option key: path} for every task option (at any depth, in lists too) that names an
+    existing local file or folder: what `data_fingerprint` hashes."""
+    return {
+        key: value
+        for key, value in _leaves(config.task.options, "task.options")
+        if isinstance(value, str) and value and os.path.exists(value)
+    }
 
 
 def _leaves(value: Any, key: str) -> list[tuple[str, Any]]:

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from policyopt import __version__
 from policyopt.config.load import Config
+from policyopt.config.resume_check import data_files
 from policyopt.models.cache import cache_dir
 from policyopt.models.loading import load_model, load_model_config, load_tokenizer
 from policyopt.models.precision import set_precision
@@ -25,7 +26,7 @@ from policyopt.tasks.ranking import RankingTask
 from policyopt.train.held_out import eval_rows
 from policyopt.train.policy import load_policy
 from policyopt.train.prompts import check_chat_template, check_positions
-from policyopt.train.sft import run_sft
+from policyopt.train.sft import run_sft, sft_data_digest
 from policyopt.train.trainer import Trainer, seed_everything
 
 
@@ -35,6 +36,15 @@ def sft_cache_key(config: Config) -> str:
     # (SFT masks that text out of its loss): an entry only for such a task, so that the keys
     # of every other task's earlier warm starts still hold.
     segmented = task_class(config.task.name).sft_segments is not Task.sft_segments
+    # A task that reads the user's files: the rows SFT trains on, by content, since the
+    # options hold only the files' paths, and an edited solutions file (even at the same
+    # size and modification time) is another warm start. Only for such a task, so that the
+    # keys of the embedded tasks' earlier warm starts still hold.
+    data = (
+        sft_data_digest(get_task(config.task.name, **config.task.options))
+        if data_files(config)
+        else None
+    )
     payload = {
         "version": __version__,
         "model": config.model.name_or_path,
@@ -46,6 +56,7 @@ def sft_cache_key(config: Config) -> str:
         # Only when not the default, so that the keys of earlier fp32 warm starts still hold.
         **({"precision": config.model.precision} if config.model.precision != "fp32" else {}),
         **({"sft_segments": "environment_masked"} if segmented else {}),
+        **({"data": data} if data else {}),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -79,6 +90,8 @@ def fine_tune(config: Config, console: Console | None = None) -> tuple[Any, Any,
         chat=config.model.chat_template,
         console=console,
         progress=config.train.progress,
+        # The files the rows come from, for a message that names a row.
+        data=", ".join(f"{key}={path}" for key, path in data_files(config).items()),
     )
     return model, tok, metrics
 

@@ -26,7 +26,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import datasets
@@ -129,27 +129,34 @@ def check_json_rows(path: str) -> None:
             raise ValueError(f"{path} has no rows")
         return
     count = 0
-    with open(path, "rb") as f:
-        for number, raw_line in enumerate(f, 1):
-            line = _utf8(raw_line, path, number)
-            if number == 1:
-                line = line.lstrip("\ufeff")
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(
-                    f"{path} line {number}: not valid JSON ({error.msg} at column {error.colno})"
-                ) from None
-            if not isinstance(row, dict):
-                raise ValueError(
-                    f"{path} line {number}: a JSON {_json_kind(row)}, not an object (JSON "
-                    'Lines: one {"column": value, ...} object per line)'
-                )
-            count += 1
+    for number, line in text_lines(path):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f"{path} line {number}: not valid JSON ({error.msg} at column {error.colno})"
+            ) from None
+        if not isinstance(row, dict):
+            raise ValueError(
+                f"{path} line {number}: a JSON {_json_kind(row)}, not an object (JSON "
+                'Lines: one {"column": value, ...} object per line)'
+            )
+        count += 1
     if count == 0:
         raise ValueError(f"{path} has no rows (the file is empty or blank)")
+
+
+def text_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, str]]:
+    """(line number from 1, line) of a UTF-8 text file, a line at a time, a leading byte-order
+    mark dropped. A byte that is not UTF-8 is a ValueError naming the file and the line
+    (`_utf8`), not the codec's message, which names neither: the one way the tasks read a
+    text data file line by line (JSON Lines here, LETOR files in `tasks.letor`)."""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            line = _utf8(raw, str(path), number)
+            yield number, line.lstrip("\ufeff") if number == 1 else line
 
 
 def _utf8(raw: bytes, path: str, number: int) -> str:

@@ -1,7 +1,9 @@
 """The SVMlight / LETOR text format of learning-to-rank data sets (MSLR-WEB, Yahoo, ...).
 
 One line per (query, document): `label qid:Q 1:v1 2:v2 ... # comment`. Features not listed
-are 0. Lines of a query must be contiguous (as in every LETOR file).
+are 0. Lines of a query must be contiguous (as in every LETOR file). The file is UTF-8 text
+(read as the JSONL files are, `tasks.hf_dataset.text_lines`): a byte that is not UTF-8, a
+malformed line or a file without data lines is a ValueError naming the file and the line.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from policyopt.tasks.hf_dataset import text_lines
 
 
 @dataclass
@@ -25,8 +29,8 @@ def read_letor(path: str | Path, num_features: int | None = None) -> list[LetorQ
     if not path.is_file():
         raise FileNotFoundError(f"LETOR file {path} does not exist")
     rows: list[tuple[str, float, dict[int, float]]] = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
+    for lineno, text in text_lines(path):
+        line = text.split("#", 1)[0].strip()
         if not line:
             continue
         parts = line.split()

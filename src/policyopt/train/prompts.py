@@ -9,8 +9,8 @@ turning them into the text "[{'role': 'user', ...}]" would train on that text.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import torch
 
@@ -131,41 +131,76 @@ def check_positions(
     """Raise a ValueError naming the first row of `split` whose prompt plus the response
     budget (rollout.max_new_tokens; for eval rows, eval.max_new_tokens when set) exceeds the
     model's positions (`max_position_embeddings`; a model without one is not checked)."""
-    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    if not isinstance(limit, int) or tokenizer is None:
-        return
     setting, budget = "rollout.max_new_tokens", config.rollout.max_new_tokens
     if split == "eval" and config.eval.max_new_tokens:
         setting, budget = "eval.max_new_tokens", config.eval.max_new_tokens
-    chat = config.model.chat_template
+    past = first_row_past_positions(
+        model, tokenizer, task, rows, config.model.chat_template, lambda row, bound: budget
+    )
+    if past is not None:
+        n = past.prompt_tokens
+        raise ValueError(
+            f"{split} row {past.index} (counting from 0): its prompt is {n} tokens, and with "
+            f"{setting}={budget} a rollout needs {n + budget} positions, more than the "
+            f"{past.limit} of {past.model} (max_position_embeddings); shorten the prompt or "
+            f"lower {setting}"
+        )
+
+
+class PastPositions(NamedTuple):
+    """A row whose prompt and what follows it need more positions than the model has."""
+
+    index: int  # in the rows given, counting from 0
+    row: dict[str, Any]
+    prompt_tokens: int
+    after_tokens: int
+    limit: int  # max_position_embeddings
+    model: str  # the model's name, for messages
+
+
+# The tokens that follow a row's prompt in one sequence (a rollout's response budget, an SFT
+# demonstration): exact when the flag is False, else an upper bound that needs no tokenizer
+# pass.
+After = Callable[[dict[str, Any], bool], int]
+
+
+def first_row_past_positions(
+    model: Any, tokenizer: Any, task: Any, rows: Any, chat: bool, after: After
+) -> PastPositions | None:
+    """The first of `rows` whose prompt, encoded as the trainer encodes it
+    (`encode_prompts`), plus `after(row, False)` tokens exceeds the model's positions
+    (`max_position_embeddings`); None if every row fits or the model has no such limit.
+
+    The one measure of the positions a sequence needs, for RL and eval (`check_positions`)
+    and SFT (`train.sft.check_sft_positions`)."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if not isinstance(limit, int) or tokenizer is None:
+        return None
     # A token covers at least one UTF-8 byte, so a text prompt of fewer bytes than the room
     # left (less the chat template's own tokens) fits without encoding it.
     templated = bool(getattr(tokenizer, "chat_template", None))
     frame = 0
     if chat and templated:
+        # The frame as the prompts are built (`_chat_ids`), the task's tool schemas included:
+        # a template that lists them adds their JSON to every prompt.
         empty = [{"role": "user", "content": ""}]
-        ids = tokenizer.apply_chat_template(empty, add_generation_prompt=True, tokenize=True)
-        frame = len(ids["input_ids"] if hasattr(ids, "keys") else ids)
-    room = limit - budget
-    for index, row in enumerate(_each_row(rows)):
+        frame = len(_chat_ids(tokenizer, empty, getattr(task, "tools", ())))
+    for index, row in enumerate(each_row(rows)):
         messages = task.prompt_messages(row)
         if messages is not None and not templated:
             continue  # cannot be encoded at all: the first step says why (no chat template)
         text = messages is None and task.format_prompt(row)
-        if text and len(text.encode()) + frame + 8 < room:
+        if text and len(text.encode()) + frame + 8 + after(row, True) < limit:
             continue
         n = len(encode_prompts(task, tokenizer, [row], chat)[1][0])
-        if n + budget > limit:
+        m = after(row, False)
+        if n + m > limit:
             name = getattr(getattr(model, "config", None), "_name_or_path", "") or "the model"
-            raise ValueError(
-                f"{split} row {index} (counting from 0): its prompt is {n} tokens, and with "
-                f"{setting}={budget} a rollout needs {n + budget} positions, more than the "
-                f"{limit} of {name} (max_position_embeddings); shorten the prompt or lower "
-                f"{setting}"
-            )
+            return PastPositions(index, row, n, m, limit, name)
+    return None
 
 
-def _each_row(rows: Any) -> Iterator[dict[str, Any]]:
+def each_row(rows: Any) -> Iterator[dict[str, Any]]:
     """The rows of a `datasets.Dataset` read a column batch at a time (indexing one row at a
     time costs seconds per 20,000 rows), or of a list as they are."""
     if not hasattr(rows, "iter"):

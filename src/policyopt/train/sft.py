@@ -5,10 +5,16 @@ plain-string target. Each segment is tokenized alone and the ids concatenated, t
 the loss counts the tokens of trained segments and the EOS, and skips those of the
 environment's text (a tool's reply): no loss term, no count in the normaliser, but they stay
 in the sequence, read by every later position, as in a multi-turn episode.
+
+Before the first step, every example (prompt, demonstration and EOS) is measured against the
+model's positions (`check_sft_positions`): a longer one would train past them, or fail in
+the middle of the run when the sampler first draws it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple, TypeVar
@@ -23,7 +29,12 @@ from policyopt.rollout.hf_engine import left_pad
 from policyopt.store.metrics_log import progress_bar
 from policyopt.tasks.base import Demonstration, Task
 from policyopt.train.optim import build_optimizer
-from policyopt.train.prompts import PromptSampler, encode_prompts
+from policyopt.train.prompts import (
+    PromptSampler,
+    each_row,
+    encode_prompts,
+    first_row_past_positions,
+)
 
 
 class Example(NamedTuple):
@@ -67,6 +78,54 @@ def sft_examples(
         for segments in task.sft_segments(row):
             examples.append(Example(p, *demonstration_ids(tokenizer, segments)))
     return examples
+
+
+def check_sft_positions(
+    model: Any, tokenizer: Any, task: Task, rows: Any, chat: bool = False, data: str = ""
+) -> None:
+    """Raise a ValueError naming the first of the train `rows` whose prompt plus its longest
+    demonstration (EOS included, as `sft_examples` builds it) exceeds the model's positions
+    (`max_position_embeddings`; a model without one is not checked). `data` names where the
+    rows come from (e.g. "task.options.path=d.jsonl"), for the message."""
+
+    def longest(row: dict[str, Any], bound: bool) -> int:
+        # The bound needs no tokenizer pass: a token covers at least one UTF-8 byte, and a
+        # segment tokenized alone may gain one word-start marker (SentencePiece); +1 for EOS.
+        return max(
+            (
+                sum(len(text.encode()) + 1 for text, _ in d) + 1
+                if bound
+                else len(demonstration_ids(tokenizer, d)[0])
+                for d in task.sft_segments(row)
+            ),
+            default=0,
+        )
+
+    past = first_row_past_positions(model, tokenizer, task, rows, chat, longest)
+    if past is None:
+        return
+    n, m = past.prompt_tokens, past.after_tokens
+    prompt = task.format_prompt(past.row)  # its start, to find the row by
+    start = prompt[:40] + ("..." if len(prompt) > 40 else "")
+    raise ValueError(
+        f"SFT: train row {past.index} (counting from 0) of task {task.name!r}"
+        f"{f' ({data})' if data else ''}, prompt {start!r}: its prompt is {n} tokens and "
+        f"its longest demonstration {m} (EOS included), {n + m} positions, more than the "
+        f"{past.limit} of {past.model} (max_position_embeddings); shorten or drop the row, "
+        "or use a model with more positions"
+    )
+
+
+def sft_data_digest(task: Task) -> str:
+    """sha256 of what SFT reads of the task's train split, row by row in order: each prompt
+    (its text, or its chat messages) and its demonstrations (`Task.sft_segments`)."""
+    digest = hashlib.sha256()
+    for row in each_row(task.rows("train")):
+        messages = task.prompt_messages(row)
+        prompt = task.format_prompt(row) if messages is None else messages
+        line = json.dumps([prompt, task.sft_segments(row)], sort_keys=True, default=str)
+        digest.update(line.encode() + b"\n")
+    return digest.hexdigest()
 
 
 def _trained(example: Sequence[Any]) -> list[int]:
@@ -151,8 +210,11 @@ def run_sft(
     chat: bool = False,
     console: Console | None = None,
     progress: bool = True,
+    data: str = "",
 ) -> dict[str, float]:
-    """Train on expert solutions for `cfg.steps` steps or `cfg.max_seconds`, whichever first."""
+    """Train on expert solutions for `cfg.steps` steps or `cfg.max_seconds`, whichever first.
+    Every example is checked against the model's positions first (`check_sft_positions`;
+    `data` names the rows' file in its message)."""
     rows = task.rows("train")
     if not task.sft_segments(rows[0]):
         column = getattr(task, "solution_column", "missing")
@@ -162,6 +224,7 @@ def run_sft(
             else ""
         )
         raise ValueError(f"task {task.name!r} has no expert solutions to fine-tune on{hint}")
+    check_sft_positions(model, tokenizer, task, rows, chat, data)
     pad_id = (
         tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     )
