@@ -61,9 +61,11 @@ def one_line_error(capsys, argv: list[str], code: int = 2) -> str:
     return tail
 
 
-def fake_run(folder: Path, steps: tuple[int, ...], **config_values) -> Path:
+def fake_run(folder: Path, steps: tuple[int, ...], via_base: bool = False, **config_values) -> Path:
     """A run folder with complete checkpoints at `steps` (the embedded model's files, no
-    training) and the saved config with `config_values` (dotted key -> YAML value)."""
+    training) and the saved config with `config_values` (dotted key -> YAML value); with
+    `via_base`, the saved config is only `base: base.yaml`, and that file beside it holds
+    the values."""
     # Edited as YAML, not loaded: loading a config that names a module imports it.
     raw = yaml.safe_load(dump_config(load_config()))
     for key, value in config_values.items():
@@ -76,7 +78,11 @@ def fake_run(folder: Path, steps: tuple[int, ...], **config_values) -> Path:
     for step in steps:
         target = ckpt.checkpoint_root(folder) / f"{ckpt.PREFIX}{step:08d}"
         shutil.copytree(tiny_model_path(), target)
-        (target / ckpt.CONFIG_FILE).write_text(text)
+        if via_base:
+            (target / "base.yaml").write_text(text)
+            (target / ckpt.CONFIG_FILE).write_text("base: base.yaml\n")
+        else:
+            (target / ckpt.CONFIG_FILE).write_text(text)
         ckpt.mark_complete(target, step)
     (folder / run_folder.MARKER).write_text("{}")
     return folder
@@ -91,15 +97,25 @@ RUN_CODE = {
         "task.options": "{path: data.jsonl, reward_function: 'shipped_rewards:score'}",
     },
     "remote modelling code": {"model.trust_remote_code": "true"},
+    # A verifiers taskset id is a module name without ':function' (verifiers imports it).
+    "verifiers taskset": {"task.name": "verifiers", "task.options": "{taskset: shipped_rewards}"},
+    "verifiers environment taskset": {
+        "rollout.strategy": "multi_turn",
+        "rollout.strategy_options": (
+            "{environment: verifiers, environment_options: {taskset: shipped_rewards}}"
+        ),
+    },
 }
 
 
 @pytest.mark.parametrize("place", list(RUN_CODE))
 @pytest.mark.parametrize("given", ["run folder", "checkpoint folder"])
-def test_eval_never_runs_code_a_run_folder_names(cwd, capsys, place, given) -> None:
+@pytest.mark.parametrize("written", ["in its config", "in its base: file"])
+def test_eval_never_runs_code_a_run_folder_names(cwd, capsys, place, given, written) -> None:
     (cwd / "shipped_rewards.py").write_text(SENTINEL_MODULE)  # shipped inside the run
     (cwd / "data.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n')
-    run = fake_run(cwd / "run", (1,), **RUN_CODE[place])
+    via_base = written == "in its base: file"
+    run = fake_run(cwd / "run", (1,), via_base=via_base, **RUN_CODE[place])
     model = run if given == "run folder" else ckpt.latest_checkpoint(run)
     line = one_line_error(capsys, ["eval", "--model", str(model)])
     assert "--allow-run-code" in line and "someone else" in line
@@ -163,20 +179,119 @@ def test_every_completed_checkpoint_config_is_signed(tmp_path, monkeypatch) -> N
 
 
 def test_every_module_spec_anywhere_in_a_config_is_found() -> None:
-    from policyopt.cli.commands import run_config_code
+    from policyopt.core.user_code import CODE_OPTIONS, config_code
 
     raw = {
         "reward": {"functions": [{"name": "task"}, {"name": "pkg.mod:fn"}]},
-        "task": {"options": {"deep": {"list": ["x", "other:thing"]}, "template": "A: {prompt}"}},
-        "rollout": {"strategy": "policyopt.rollout.tree:anything"},  # the package's own
+        "task": {
+            "options": {
+                "deep": {"list": ["x", "other:thing"]},
+                "template": "A: {prompt}",
+                "taskset": "vfmodule",
+            }
+        },
+        "rollout": {
+            "strategy": "policyopt.rollout.tree:anything",  # the package's own
+            "strategy_options": {"environment_options": {"taskset": "owner/vf-env@1.0"}},
+        },
         "model": {"trust_remote_code": True},
     }
-    found = dict(run_config_code(raw))
-    assert set(found) == {
-        "reward.functions.1.name",
-        "task.options.deep.list.1",
-        "model.trust_remote_code",
+    found = {key: name for key, name, _ in config_code(raw)}
+    assert found == {
+        "reward.functions.1.name": "pkg.mod",
+        "task.options.deep.list.1": "other",
+        "task.options.taskset": "vfmodule",
+        "rollout.strategy_options.environment_options.taskset": "owner/vf-env@1.0",
+        "model.trust_remote_code": None,
     }
+    assert set(CODE_OPTIONS) <= set(found)  # every declared bare-module option is read
+
+
+def test_the_gate_refuses_at_the_import_point_what_a_foreign_config_names(cwd) -> None:
+    """The one decision, applied where code is imported: inside a foreign config, a module
+    the user did not name is refused before it is imported; the user's own names,
+    policyopt's own modules, and anything outside a foreign config are imported."""
+    from policyopt.core import user_code
+
+    (cwd / "shipped_rewards.py").write_text(SENTINEL_MODULE)
+    sys.path.insert(0, str(cwd))  # as main puts the working folder (the fixture restores it)
+    given = {"reward.functions": [{"name": "mine:score"}], "model.trust_remote_code": True}
+    with user_code.foreign_config("run/run_config.yaml", "say yes", given):
+        with pytest.raises(user_code.UserCodeRefused, match="'shipped_rewards'.*say yes"):
+            user_code.import_user_code("shipped_rewards", "module 'shipped_rewards'")
+        assert not (cwd / "IMPORTED").exists()
+        with pytest.raises(user_code.UserCodeRefused, match="taskset"):
+            user_code.allow_user_code("verifiers taskset 'vf'", name="vf")
+        user_code.allow_user_code("module 'mine'", name="mine")  # the user named it
+        user_code.allow_user_code("remote code", key="model.trust_remote_code")  # and set it
+        assert user_code.import_user_code("policyopt.core.stats", "own").__name__
+    user_code.import_user_code("shipped_rewards", "module 'shipped_rewards'")
+    assert (cwd / "IMPORTED").exists()
+
+
+# Imports by a computed name whose names come from the package's own source, never a config.
+OWN_NAME_IMPORTS = {
+    "core/__init__.py: __getattr__": "policyopt.core's own modules (_HOME)",
+    "models/__init__.py: __getattr__": "policyopt.models' own modules (_EXPORTS)",
+    "core/registry.py: load": "the modules that `Registry.lazy` calls in the package declare",
+    "pipelines/__init__.py: run_quickstart": "the PIPELINES table",
+    "store/metrics_log.py: _optional": "the loggers' packages (tensorboard, wandb)",
+}
+# Import points of config-named code in files whose owners add the gate's one-line call
+# (docs/guides/reliability.md, principle 1). Remove an entry once its call is in: the test
+# then fails until it is.
+NOT_YET_GATED: set[str] = set()
+IMPORTERS = {"import_module", "__import__", "taskset_class"}
+GATES = {"allow_user_code", "import_user_code"}
+
+
+def code_import_points() -> dict[str, bool]:
+    """'file: function' -> whether the function passes the gate, for every function in the
+    package that imports a module by a computed name (`importlib.import_module`,
+    `__import__`, verifiers' `taskset_class`) or loads a transformers model with a
+    `trust_remote_code` that is not the constant False."""
+    import ast
+
+    import policyopt
+
+    root = Path(policyopt.__file__).parent
+
+    def called(node: ast.Call) -> str:
+        f = node.func
+        return f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+
+    def imports_code(node: ast.AST) -> bool:
+        if not isinstance(node, ast.Call):
+            return False
+        if called(node) in IMPORTERS:
+            return not (node.args and isinstance(node.args[0], ast.Constant))
+        trust = [k.value for k in node.keywords if k.arg == "trust_remote_code"]
+        return called(node) == "from_pretrained" and any(
+            not (isinstance(v, ast.Constant) and v.value is False) for v in trust
+        )
+
+    points: dict[str, bool] = {}
+    for path in sorted(root.rglob("*.py")):
+        if path.relative_to(root).as_posix() == "core/user_code.py":
+            continue  # the gate itself
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            inner = list(ast.walk(fn))
+            if any(imports_code(n) for n in inner):
+                gated = any(isinstance(n, ast.Call) and called(n) in GATES for n in inner)
+                points[f"{path.relative_to(root).as_posix()}: {fn.name}"] = gated
+    return points
+
+
+def test_every_import_by_a_computed_name_goes_through_the_gate() -> None:
+    """Code a config can name reaches Python only through `core/user_code.py`'s gate, so a
+    new option that imports code cannot bypass the decision `eval` makes for a foreign run
+    config. The syntax tree of the whole package is read."""
+    points = code_import_points()
+    ungated = {p for p, gated in points.items() if not gated}
+    assert ungated - set(OWN_NAME_IMPORTS) == NOT_YET_GATED
+    assert set(OWN_NAME_IMPORTS) <= set(points)  # the table names real import points
 
 
 def test_every_model_and_tokenizer_load_passes_trust_remote_code(monkeypatch) -> None:
@@ -311,6 +426,40 @@ def test_a_run_that_fails_to_start_leaves_no_folder(cwd, capsys) -> None:
     assert not (cwd / "new").exists()
 
 
+# An output file named on the command line is the user's to overwrite (as with -o): each
+# option says so, and the file is replaced whole or not at all.
+OUTPUT_FILE_OPTIONS = {"eval": "--json-out", "bench": "--json-out", "config-reference": "--write"}
+
+
+@pytest.mark.parametrize("command", list(OUTPUT_FILE_OPTIONS))
+def test_every_output_file_option_says_it_overwrites(capsys, command) -> None:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps its help
+    option = OUTPUT_FILE_OPTIONS[command]
+    assert f"{option} PATH" in text
+    # Its own help: after its last mention (the first is in the usage line).
+    assert "overwritten if it exists" in text.rsplit(f"{option} PATH", 1)[1].split(" --", 1)[0]
+
+
+def test_an_interrupted_output_write_leaves_the_old_file_whole(cwd, capsys, monkeypatch) -> None:
+    (cwd / "ref.md").write_text("mine")
+    real = Path.write_text
+
+    def half_then_full(self, data, *args, **kwargs):
+        real(self, data[: len(data) // 2], *args, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Path, "write_text", half_then_full)
+        line = one_line_error(capsys, ["config-reference", "--write", "ref.md"], code=1)
+    assert "no space left" in line
+    assert (cwd / "ref.md").read_text() == "mine"
+    assert [p.name for p in cwd.iterdir()] == ["ref.md"]  # no temporary file left behind
+    assert main(["config-reference", "--write", "ref.md"]) == 0
+    assert (cwd / "ref.md").read_text().startswith("# ")  # overwritten, as its help says
+
+
 # ----------------------------------------------------------------- 6. a full disk
 @pytest.mark.parametrize(
     "failure",
@@ -360,11 +509,42 @@ def test_eval_refuses_an_incomplete_newest_checkpoint(cwd, capsys) -> None:
     assert "step-00000002" in line and "incomplete" in line and "step-00000001" in line
 
 
+def loads_of(model: Path, out: Path) -> dict[str, list[str]]:
+    """Every command that loads a model, with `model` as its model."""
+    setting = f"model.name_or_path={model}"
+    return {
+        "train": ["train", *small_overrides(out, steps=1), setting],
+        "sft": ["sft", "--output-dir", str(out), "sft.steps=1", setting],
+        "quickstart": ["quickstart", "--output-dir", str(out), "sft.steps=1", setting],
+        "quickstart, no sft": ["quickstart", "--output-dir", str(out), "sft.steps=0", setting],
+        "eval": ["eval", "--model", str(model)],
+    }
+
+
+@pytest.mark.parametrize("command", list(loads_of(Path("m"), Path("o"))))
+@pytest.mark.parametrize("given", ["checkpoint folder", "its merged folder"])
+def test_every_command_refuses_an_incomplete_checkpoint_as_its_model(
+    cwd, capsys, command, given
+) -> None:
+    """A checkpoint folder named directly (not through its run folder) whose save did not
+    complete is refused before any work, naming the newest complete one of its run."""
+    run = fake_run(cwd / "run", (1, 2))
+    newest = ckpt.latest_checkpoint(run)
+    shutil.copytree(tiny_model_path(), newest / "merged")
+    ckpt.mark_complete(newest, 2)
+    (newest / "merged" / "model.safetensors").write_bytes(b"half")  # the save stopped here
+    model = newest if given == "checkpoint folder" else newest / "merged"
+    line = one_line_error(capsys, loads_of(model, cwd / "out")[command])
+    assert f"checkpoint {model} is incomplete" in line and "step-00000001" in line
+    assert not (cwd / "out").exists()
+
+
 def test_a_model_folder_without_tokenizer_files_names_them(cwd, capsys) -> None:
     run = fake_run(cwd / "run", (1,))
     folder = ckpt.latest_checkpoint(run)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (folder / name).unlink()
+    ckpt.mark_complete(folder, 1)  # saved without them (else: an incomplete checkpoint)
     line = one_line_error(capsys, ["eval", "--model", str(folder)])
     assert "no tokenizer files" in line and "tokenizer.json" in line
     assert "sentencepiece" not in line
@@ -384,6 +564,25 @@ def test_eval_refuses_prompts_that_leave_no_positions(cwd, capsys) -> None:
     run = fake_run(cwd / "run", (1,), **{"rollout.max_new_tokens": "510", "eval.size": "4"})
     line = one_line_error(capsys, ["eval", "--model", str(run)])
     assert "eval row 0 " in line and "512" in line and "max_new_tokens=510" in line
+
+
+@pytest.mark.parametrize("command", list(loads_of(Path("m"), Path("o"))))
+def test_every_command_refuses_a_chat_template_the_tokenizer_lacks(
+    cwd, capsys, monkeypatch, command
+) -> None:
+    """model.chat_template=true with the embedded model's character tokenizer (no chat
+    template) is one line before any work: no SFT, no rollout, no evaluation."""
+    from policyopt.train import held_out
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("work started")
+
+    monkeypatch.setenv("POLICYOPT_CACHE", str(cwd / "cache"))
+    monkeypatch.setattr("policyopt.pipelines.quickstart.run_sft", no_work)
+    monkeypatch.setattr(held_out, "evaluate_run", no_work)
+    argv = [*loads_of(Path("tiny"), cwd / "out")[command], "model.chat_template=true"]
+    line = one_line_error(capsys, argv)
+    assert "model.chat_template: true" in line and "has no chat template" in line
 
 
 # ----------------------------------------------------------------- F5. a mistyped model name
@@ -531,6 +730,34 @@ def test_quickstart_refuses_prompts_past_the_positions_before_its_sft(
     argv = ["quickstart", "--output-dir", "q", "rollout.max_new_tokens=510", "sft.steps=5"]
     line = one_line_error(capsys, argv)
     assert "train row 0 " in line and "512" in line
+
+
+@pytest.mark.parametrize(
+    ("command", "long"), [("sft", "prompt"), ("sft", "solution"), ("quickstart", "solution")]
+)
+def test_sft_refuses_examples_past_the_positions_before_its_first_step(
+    cwd, capsys, monkeypatch, command, long
+) -> None:
+    """Prompt + demonstration + EOS over the embedded model's 512 positions, in `sft` and
+    in the quickstart's warm start (whose RL check passes: its prompts are short)."""
+    import json
+
+    from policyopt.train import sft
+
+    def no_step(*args, **kwargs):
+        raise AssertionError("SFT took a step")
+
+    monkeypatch.setenv("POLICYOPT_CACHE", str(cwd / "cache"))
+    monkeypatch.setattr(sft, "sft_backward", no_step)
+    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1), "sol": str(i + 1)} for i in range(4)]
+    rows[1].update({"prompt": "x" * 700} if long == "prompt" else {"sol": "x" * 900})
+    (cwd / "long.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    options = "task.options={path: long.jsonl, solution_column: sol, eval_path: long.jsonl}"
+    argv = [command, "--output-dir", "out", "sft.steps=2", "task.name=hf_dataset", options]
+    line = one_line_error(capsys, [*argv, "eval.size=2"])
+    assert "SFT: train row 1 (counting from 0) of task 'hf_dataset' " in line
+    assert "task.options.path=long.jsonl" in line and "more than the 512 of " in line
+    assert not (cwd / "out").exists()
 
 
 @pytest.mark.parametrize("command", ["train", "eval"])

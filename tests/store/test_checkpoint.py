@@ -241,3 +241,60 @@ def test_tensorboard_forgets_steps_past_the_checkpoint(tmp_path, small_config) -
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
     assert [e.step for e in events.Scalars("loss")] == [1, 2, 3]
+
+
+SMALL_LLAMA = {
+    "hidden_size": 32,
+    "num_attention_heads": 1,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+}
+
+
+@pytest.mark.parametrize(
+    ("other", "named"),
+    [
+        ({"hidden_size": 64, "num_attention_heads": 2}, r"model\.embed_tokens\.weight is "),
+        ({"intermediate_size": 96}, r"model\.layers\.0\.mlp\.gate_proj\.weight is \(64, 32\)"),
+        ({"num_hidden_layers": 2}, r"lacks \['model\.layers\.1\."),
+    ],
+    ids=["wider", "another mlp", "deeper"],
+)
+def test_weights_of_another_model_are_one_named_error(tmp_path, other, named) -> None:
+    """A checkpoint of another model shape (a resume with `train.resume_anyway=true` after
+    changing `model.name_or_path`) is a ValueError, one line from the command, naming the
+    checkpoint, the first tensor that differs (both shapes) and what to do; the model is
+    left as it was."""
+    from safetensors.torch import save_file
+    from transformers import LlamaForCausalLM
+
+    from policyopt.models.tiny import tiny_config
+
+    saved = LlamaForCausalLM(tiny_config(40, **SMALL_LLAMA))
+    save_file(saved.state_dict(), str(tmp_path / "model.safetensors"))
+    model = LlamaForCausalLM(tiny_config(40, **{**SMALL_LLAMA, **other}))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=named) as raised:
+        ckpt.load_weights(model, tmp_path)
+    message = str(raised.value)
+    assert "\n" not in message and str(tmp_path) in message
+    assert "another model" in message and "train.output_dir" in message
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_an_adapter_of_another_rank_is_one_named_error(tmp_path) -> None:
+    """The same for a LoRA checkpoint (`adapter_model.safetensors`) of another rank."""
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+    from safetensors.torch import save_file
+    from transformers import LlamaForCausalLM
+
+    from policyopt.models.tiny import tiny_config
+
+    def adapted(rank: int) -> torch.nn.Module:
+        base = LlamaForCausalLM(tiny_config(40, **SMALL_LLAMA))
+        return get_peft_model(base, LoraConfig(r=rank, target_modules=["q_proj"]))
+
+    save_file(get_peft_model_state_dict(adapted(1)), str(tmp_path / "adapter_model.safetensors"))
+    with pytest.raises(ValueError, match=r"another model: size mismatch for .*lora_A") as raised:
+        ckpt.load_weights(adapted(2), tmp_path)
+    assert "\n" not in str(raised.value) and "train.output_dir" in str(raised.value)

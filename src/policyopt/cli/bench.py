@@ -56,10 +56,11 @@ import resource
 import statistics
 import tempfile
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+
+from policyopt.cli.commands import OVERWRITTEN, write_output
 
 if TYPE_CHECKING:
     from policyopt.config.load import Config
@@ -105,7 +106,12 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--max-rounds", type=int, default=60, help="cap for --ci-width (60)")
     p.add_argument("--memory", action="store_true", help="also measure the chunked LM-head memory")
-    p.add_argument("--json-out", default=None)
+    p.add_argument(
+        "--json-out",
+        default=None,
+        metavar="PATH",
+        help=f"also write the JSON report to PATH ({OVERWRITTEN})",
+    )
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="applied to every method")
     p.set_defaults(func=run_bench)
 
@@ -379,7 +385,7 @@ def run_bench(args: argparse.Namespace) -> int:
     if int(os.environ.get("RANK", "0")) > 0:
         return 0
     if args.json_out:
-        Path(args.json_out).write_text(text)
+        write_output(args.json_out, text)
     console.print_json(text)
     return 0
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import re
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +65,10 @@ def run_quickstart(args: argparse.Namespace) -> int:
         return 0
     from policyopt.pipelines import run_quickstart  # after the config (run_sft_command)
     from policyopt.store import run_folder
+    from policyopt.train.policy import refuse_incomplete_checkpoint
 
+    # The SFT warm start loads the model without load_policy, which checks this for RL.
+    refuse_incomplete_checkpoint(config.model.name_or_path, "model.name_or_path=")
     # Claimed before the SFT warm start: a folder of the user's files, or one another
     # process is running in, is refused before minutes of work (the trainer claims it again).
     run_folder.claim(config.train.output_dir)
@@ -113,9 +118,12 @@ def run_sft_command(args: argparse.Namespace) -> int:
     # After the config is read: its mistakes come back before torch's seconds of import.
     from policyopt.pipelines.quickstart import fine_tune
     from policyopt.store import run_folder
+    from policyopt.train.policy import refuse_incomplete_checkpoint
 
     if config.sft.steps == 0:
         raise ValueError("sft.steps is 0: set it, e.g. sft.steps=1000")
+    # fine_tune loads the model without load_policy, where this is checked for RL and eval.
+    refuse_incomplete_checkpoint(config.model.name_or_path, "model.name_or_path=")
     # Claimed before the minutes of SFT: a folder of the user's files is refused now.
     out = run_folder.claim(args.output_dir, "--output-dir")
     try:
@@ -217,14 +225,19 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
         "folder, evaluated on its own run's config unless a config is given",
     )
     p.add_argument("--samples", type=int, default=None, help="samples per problem for pass@k")
-    p.add_argument("--json-out", default=None)
+    p.add_argument(
+        "--json-out",
+        default=None,
+        metavar="PATH",
+        help=f"also write the JSON result to PATH ({OVERWRITTEN})",
+    )
     p.add_argument(
         "--allow-run-code",
         action="store_true",
         help="obey a run's saved config where it names code to run (a reward module "
-        "`module:function`, model.trust_remote_code=true) although this user's policyopt "
-        "did not write it: a run folder may come from someone else. Your own runs, config "
-        "files and overrides need no flag",
+        "`module:function`, a verifiers taskset, model.trust_remote_code=true), its base: "
+        "files included, although this user's policyopt did not write it: a run folder may "
+        "come from someone else. Your own runs, config files and overrides need no flag",
     )
     add_config_arguments(p)
     p.set_defaults(func=run_eval)
@@ -261,8 +274,14 @@ def resolve_eval_model(name: str) -> tuple[str, Path | None, str]:
             )
         path = found
         what = f"run {name}, checkpoint step {step_of(found)} ({found})"
-    elif path.is_dir() and path.name.startswith("step-") and path.parent.name == "checkpoints":
-        what = f"checkpoint {path}"
+    else:
+        from policyopt.train.policy import checkpoint_of, refuse_incomplete_checkpoint
+
+        # A checkpoint given directly (or its merged/ folder) is held to the same test as
+        # the one a run folder resolves to: a partial save is not evaluated.
+        refuse_incomplete_checkpoint(name, "--model ")
+        if checkpoint_of(name) == path:
+            what = f"checkpoint {path}"
     if not path.is_dir():
         return name, None, what
     model = path / "merged" if (path / "merged").is_dir() else path
@@ -279,11 +298,25 @@ def run_eval(args: argparse.Namespace) -> int:
 
     model_path, run_config, what = resolve_eval_model(args.model)
     config_path, overrides = config_file_argument(args)
-    console = Console(stderr=True)
+    guard: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if config_path is None and run_config is not None:
         config_path = str(run_config)
         if not args.allow_run_code and not provenance.signed_here(run_config):
-            refuse_run_code(run_config, overrides)
+            guard = foreign_run_config(run_config, overrides)
+    # Everything after this point, config loading included, imports code under the guard.
+    with guard:
+        return evaluate(args, config_path, overrides, model_path, run_config, what)
+
+
+def evaluate(
+    args: argparse.Namespace,
+    config_path: str | None,
+    overrides: list[str],
+    model_path: str,
+    run_config: Path | None,
+    what: str,
+) -> int:
+    """The rest of `eval`, once what to evaluate and with which config is settled."""
     config = file_config(config_path, [*overrides, f"model.name_or_path={model_path}"])
     if args.print_config:
         print(dump_config(config))
@@ -295,18 +328,22 @@ def run_eval(args: argparse.Namespace) -> int:
     from policyopt.train.held_out import eval_rows, evaluate_run
     from policyopt.train.parts import build_parts
     from policyopt.train.policy import load_policy
-    from policyopt.train.prompts import check_positions
+    from policyopt.train.prompts import check_chat_template, check_positions
 
     # The same assembly as training: every part checked and bound (engine options, remote
     # reward workers, a ranking policy for a ranking task), then the run's evaluation.
     parts = build_parts(config)
     model, tok = load_policy(config.model, parts.task)
+    # Limits before work, as train checks them: a chat template the tokenizer lacks is one
+    # line here, not transformers' error once evaluation has started.
+    check_chat_template(config, tok)
     set_precision(model, config.model.precision)
     rows = eval_rows(parts.task, parts.evaluation.size)
     check_positions(model, tok, parts.task, "eval", rows, config)
     apply_num_threads(config.train.num_threads, model)
     engine = parts.make_engine(model, tok)
     # What is evaluated, once it loaded, on stderr (stdout carries the JSON result only).
+    console = Console(stderr=True)
     source = f" with the run's config {run_config}" if config_path == str(run_config) else ""
     console.print(
         f"evaluating {what} on {config.task.name}{source} ...",
@@ -330,48 +367,62 @@ def run_eval(args: argparse.Namespace) -> int:
         parts.reward.close()
     text = json.dumps(result, indent=2)
     if args.json_out:
-        Path(args.json_out).write_text(text)
+        write_output(args.json_out, text)
     print(text)
     return 0
 
 
-# A string naming code to import: "module.path:function" (what reward functions accept).
-_CODE_SPEC = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):[A-Za-z_]\w*$")
+# How each option that names an output file says what happens to a file already there.
+OVERWRITTEN = "overwritten if it exists; written whole or not at all"
 
 
-def run_config_code(raw: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
-    """(dotted key, what it runs) for every place a config names code: any string value of
-    the form `module:function` (reward functions, a task's reward_function, ...) outside
-    policyopt's own modules, and `model.trust_remote_code: true`."""
-    found: list[tuple[str, str]] = []
-    items = raw.items() if isinstance(raw, dict) else enumerate(raw)
-    for key, value in items:
-        where = f"{prefix}{key}"
-        if isinstance(value, dict | list):
-            found += run_config_code(value, f"{where}.")  # type: ignore[arg-type]
-        elif isinstance(value, str) and _CODE_SPEC.match(value):
-            module = value.split(":", 1)[0]
-            if module != "policyopt" and not module.startswith("policyopt."):
-                found.append((where, f"module {module!r} ({where}={value})"))
-        elif where == "model.trust_remote_code" and value is True:
-            found.append((where, "the model's own code (model.trust_remote_code=true)"))
-    return found
+def write_output(path: str | Path, text: str) -> Path:
+    """Write `text` to the file the user named as an output (`--json-out`, `--write`).
+
+    The file is theirs to overwrite, as with `-o`, and each option's help says so. It is
+    written to a temporary file beside it and renamed over it, so a crash or a full disk
+    leaves the old file whole, never half a new one."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())  # on disk before the rename makes it the file
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return target
 
 
-def refuse_run_code(run_config: Path, overrides: list[str]) -> None:
-    """Raise if the run's saved config names code to run that the user's overrides do not
-    replace: a run folder may come from someone else, and importing a module it names (the
-    working folder is on sys.path) would run that module. Called for a config this user's
-    policyopt did not sign (store/provenance.py)."""
-    from policyopt.config.load import read_yaml
+# What `eval` tells a user whose run folder's config names code.
+RUN_CODE_ADVICE = (
+    "pass --allow-run-code if you trust the run, or give your own config (or override the key)"
+)
 
-    given = [o.split("=", 1)[0].strip() for o in overrides if "=" in o]
-    for key, what in run_config_code(read_yaml(run_config)):
-        if any(key == g or key.startswith(f"{g}.") for g in given):
-            continue  # the user's own value replaces the run's
-        raise ValueError(
-            f"the run's config {run_config} would run {what}, and this user's policyopt did "
-            "not write it (a run folder may come from someone else), so it is not obeyed: "
-            "pass --allow-run-code if you trust the run, or give your own config (or "
-            "override the key)"
-        )
+
+@contextlib.contextmanager
+def foreign_run_config(run_config: Path, overrides: list[str]) -> Iterator[None]:
+    """Within: `run_config` came from elsewhere (this user's policyopt did not sign it), so
+    the code it names is not run unless the user's overrides name it
+    (`core/user_code.py`). The merged config is scanned first, so the refusal comes before
+    any work and names the key."""
+    from policyopt.config.load import parse_override
+    from policyopt.core import user_code
+
+    given = dict(parse_override(o) for o in overrides)
+    with user_code.foreign_config(str(run_config), RUN_CODE_ADVICE, given):
+        refuse_run_code(run_config)
+        yield
+
+
+def refuse_run_code(run_config: Path) -> None:
+    """Raise if the run's config, with its `base:` chain merged underneath as `file_config`
+    merges it, names code that the gate in force refuses (`user_code.config_code`). A run
+    folder may come from someone else, and importing a module it names would run that
+    module (the working folder is on sys.path)."""
+    from policyopt.core import user_code
+    from policyopt.recipes import recipe_dict
+
+    for key, name, what in user_code.config_code(recipe_dict(str(run_config))):
+        user_code.allow_user_code(what, name, key)

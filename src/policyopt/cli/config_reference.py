@@ -17,6 +17,8 @@ from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel
 
+from policyopt.cli.commands import OVERWRITTEN, write_output
+
 DEFAULT_PATH = Path("docs/reference/config.md")
 
 HEADER = """# Config reference
@@ -183,7 +185,12 @@ def config_reference() -> str:
 
 def add_config_reference(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("config-reference", help="print (or --write) the generated config reference")
-    p.add_argument("--write", metavar="PATH", default=None, help=f"e.g. {DEFAULT_PATH}")
+    p.add_argument(
+        "--write",
+        metavar="PATH",
+        default=None,
+        help=f"write it to PATH, e.g. {DEFAULT_PATH} ({OVERWRITTEN})",
+    )
     p.set_defaults(func=run_config_reference)
 
 
@@ -193,5 +200,5 @@ def run_config_reference(args: argparse.Namespace) -> int:
         print(text, end="")
     else:
         Path(args.write).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.write).write_text(text)
+        write_output(args.write, text)
     return 0

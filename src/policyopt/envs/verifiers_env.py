@@ -45,6 +45,7 @@ import inspect
 import itertools
 import json
 import re
+import traceback
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
@@ -57,6 +58,7 @@ from verifiers.v1.utils.decorators import discover_decorated
 from verifiers.v1.utils.generic import concrete_type
 from verifiers.v1.utils.loaders import taskset_class
 
+from policyopt.core.user_code import allow_user_code
 from policyopt.rollout.environment import ENVIRONMENTS, Episode
 from policyopt.rollout.tool_calls import TOOL_CALL_FORMATS, MalformedToolCall
 from policyopt.tasks.base import TASKS, Task
@@ -71,8 +73,43 @@ MAX_TASKS = 100_000  # an infinite taskset is read this far
 @lru_cache(maxsize=4)
 def load_taskset(taskset: str, options: str) -> tuple[Any, list[Any]]:
     """(the taskset, its tasks in `load()` order) of taskset id `taskset` with its config's
-    fields `options` (JSON); loaded once per process."""
-    cls = taskset_class(taskset)
+    fields `options` (JSON); loaded once per process.
+
+    The id names a module to import, so it passes the gate of code a config names
+    (`core/user_code.py`, principle 1 of docs/guides/reliability.md). A module that cannot
+    give its Taskset subclass is a ValueError, which a command prints as one line
+    (principle 6): it fails to import (named with its error and where), has no `__all__`,
+    or exports no Taskset subclass there (verifiers' own message, which names the module and
+    what is missing). An id that names no module is verifiers' ModuleNotFoundError, one line
+    too; a module the taskset imports that is not installed is named as that."""
+    allow_user_code(f"verifiers taskset {taskset!r}", name=taskset)
+    try:
+        cls = taskset_class(taskset)
+    except (Exception, SystemExit) as error:  # SystemExit: an import must not end the run
+        frames = traceback.extract_tb(error.__traceback__)
+        if frames and frames[-1].name == "_plugin_class":  # verifiers' check of `__all__`
+            raise ValueError(f"verifiers taskset {taskset!r}: {error}") from None
+        if isinstance(error, ModuleNotFoundError):
+            # verifiers says "not found" for any module missing during the import: the
+            # taskset's own module (or package), or one that it imports.
+            missing = error.__cause__
+            base = taskset.rsplit("/", 1)[-1].split("@", 1)[0].replace("-", "_").lower()
+            tried = (base, f"verifiers.v1.tasksets.{base}")
+            name = getattr(missing, "name", None)
+            if not isinstance(missing, ModuleNotFoundError) or any(
+                t == name or t.startswith(f"{name}.") for t in tried
+            ):
+                raise
+            error = missing
+        if isinstance(error, SyntaxError):
+            reason = f"SyntaxError: {error.msg} ({error.filename} line {error.lineno})"
+        else:
+            frames = traceback.extract_tb(error.__traceback__)
+            where = f" at {frames[-1].filename} line {frames[-1].lineno}" if frames else ""
+            reason = f"{error!r}{where}"
+        raise ValueError(
+            f"verifiers taskset {taskset!r}: its module failed to import: {reason}"
+        ) from error
     config_cls = concrete_type(cls, vf.TasksetConfig) or vf.TasksetConfig
     loaded = cls(config_cls(id=taskset, **json.loads(options)))
     return loaded, list(itertools.islice(iter(loaded), MAX_TASKS))

@@ -42,6 +42,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from policyopt.core.user_code import allow_user_code
 from policyopt.models.gguf import gguf_folder
 from policyopt.models.tiny import embedded_size, tiny_model_path
 
@@ -201,6 +202,11 @@ def load_tokenizer(
     name_or_path: str, *, trust_remote_code: bool = False
 ) -> PreTrainedTokenizerBase:
     """The tokenizer for `name_or_path`, with a pad token and left padding."""
+    if trust_remote_code:  # the model's own code runs only if the user asked (principle 1)
+        allow_user_code(
+            f"the model's own code ({name_or_path}, model.trust_remote_code=true)",
+            key="model.trust_remote_code",
+        )
     location = _resolve(name_or_path)
     check_tokenizer_files(location, name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)
@@ -214,6 +220,11 @@ def load_tokenizer(
 
 def load_model_config(name_or_path: str, *, trust_remote_code: bool = False) -> PretrainedConfig:
     """The model's config alone (its positions, say), without loading its weights."""
+    if trust_remote_code:  # the model's own code runs only if the user asked (principle 1)
+        allow_user_code(
+            f"the model's own code ({name_or_path}, model.trust_remote_code=true)",
+            key="model.trust_remote_code",
+        )
     return AutoConfig.from_pretrained(_resolve(name_or_path), trust_remote_code=trust_remote_code)
 
 
@@ -227,6 +238,11 @@ def load_model(
     """Load a causal LM and its tokenizer; `dtype` is float32, bfloat16 or float16.
     `trust_remote_code`: run the modelling code a folder or repository ships (off: such a
     model is an error that says so)."""
+    if trust_remote_code:  # the model's own code runs only if the user asked (principle 1)
+        allow_user_code(
+            f"the model's own code ({name_or_path}, model.trust_remote_code=true)",
+            key="model.trust_remote_code",
+        )
     if dtype not in DTYPES:
         raise ValueError(f"load_model: unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
     location = _resolve(name_or_path)

@@ -46,7 +46,6 @@ Named functions live in `REWARD_FUNCTIONS`; `load_reward_function` also takes
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import traceback
@@ -65,6 +64,7 @@ from policyopt.core.structure import (
     needs_of,
     optional_needs_of,
 )
+from policyopt.core.user_code import import_user_code
 from policyopt.rewards import isolation
 from policyopt.rewards.calling import (
     EXTRA_ARGUMENTS,
@@ -171,7 +171,8 @@ def load_reward_function(spec: str) -> RewardFunction:
         )
     module_name, _, attribute = spec.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        # through the gate: code a foreign run's config names is refused here (principle 1)
+        module = import_user_code(module_name, f"module {module_name!r} (reward function {spec!r})")
     except SyntaxError as error:
         raise ValueError(
             f"reward function {spec!r}: module {module_name!r} does not compile: {error.msg} "

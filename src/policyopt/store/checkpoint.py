@@ -356,14 +356,34 @@ def recover(output_dir: str | Path) -> list[str]:
 
 # ----------------------------------------------------------------- weights
 def load_weights(model: torch.nn.Module, checkpoint: Path) -> None:
-    """Load a checkpoint's weights into `model` in place (a plain or a PEFT model)."""
+    """Load a checkpoint's weights into `model` in place (a plain or a PEFT model).
+
+    Weights of another model (a resume with `train.resume_anyway=true` after changing
+    `model.name_or_path`) are a ValueError, which a command prints as one line: it names the
+    checkpoint, the first tensor whose shape differs with both shapes (else the tensors only
+    one side has) and what to do. A plain model is checked before anything is copied into
+    it."""
+    other = "resume with the model that trained it, or start a new train.output_dir"
     adapter = checkpoint / "adapter_model.safetensors"
     if adapter.exists():
         from peft import set_peft_model_state_dict
 
-        result = set_peft_model_state_dict(model, load_file(adapter))
+        try:
+            result = set_peft_model_state_dict(model, load_file(adapter))
+        except RuntimeError as error:  # torch's size mismatch, one line per tensor
+            lines = [
+                ln.strip().rstrip(".") for ln in str(error).splitlines() if "size mismatch" in ln
+            ]
+            if not lines:
+                raise
+            raise ValueError(
+                f"checkpoint {checkpoint} holds weights of another model: {lines[0]}; {other}"
+            ) from None
         if getattr(result, "unexpected_keys", None):
-            raise RuntimeError(f"{adapter}: unexpected adapter keys {result.unexpected_keys[:5]}")
+            raise ValueError(
+                f"checkpoint {checkpoint} holds weights of another model: unexpected adapter "
+                f"keys {result.unexpected_keys[:5]}; {other}"
+            )
         return
     files = sorted(checkpoint.glob("*.safetensors"))
     if not files:
@@ -371,13 +391,24 @@ def load_weights(model: torch.nn.Module, checkpoint: Path) -> None:
     weights: dict[str, torch.Tensor] = {}
     for f in files:
         weights.update(load_file(f))
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    tied = {k for k in missing if _is_tied(model, k)}
-    if set(missing) - tied or unexpected:
-        raise RuntimeError(
-            f"checkpoint {checkpoint} does not match the model: missing "
-            f"{sorted(set(missing) - tied)[:5]}, unexpected {unexpected[:5]}"
+    own = model.state_dict()
+    for key, tensor in own.items():  # in the model's order: the first layer first
+        if key in weights and weights[key].shape != tensor.shape:
+            raise ValueError(
+                f"checkpoint {checkpoint} holds weights of another model: {key} is "
+                f"{tuple(weights[key].shape)} there and {tuple(tensor.shape)} in this model; "
+                f"{other}"
+            )
+    missing = [k for k in own if k not in weights and not _is_tied(model, k)]
+    unexpected = [k for k in weights if k not in own]
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint {checkpoint} holds weights of another model: it lacks "
+            f"{missing[:5]}{' ...' if len(missing) > 5 else ''} and has "
+            f"{unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}, which this model "
+            f"does not; {other}"
         )
+    model.load_state_dict(weights, strict=False)
 
 
 def _is_tied(model: torch.nn.Module, key: str) -> bool:

@@ -4,6 +4,12 @@ A sample is correct when its task reward is >= `correct_threshold`, the config's
 `reward.correct_threshold`: the one value training (accuracy, `trainer.step`) and
 evaluation both count with, so that e.g. DocPO's continuous rewards count as correct from
 0.99 in both. It has no default here, so no caller can count with another value.
+
+The task's verifier is called the way training calls it (`verified`): through the reward
+pipeline's one call path, on its own copies of the rows, within a time limit, and with
+anything it raises or returns wrong a one-line named error. A verifier can run code the
+user brought (a `verifiers` taskset's `@vf.reward` methods), and the rows and texts it is
+handed are used again by later calls and by the metrics.
 """
 
 from __future__ import annotations
@@ -17,6 +23,12 @@ import datasets
 from rich.console import Console
 
 from policyopt.core import avg_at_k, maj_at_k, pass_at_k
+from policyopt.rewards import isolation
+from policyopt.rewards.functions import (
+    RewardFunctionError,
+    score_reward_function,
+    task_reward_function,
+)
 from policyopt.rollout.base import RolloutEngine, Rollouts, SamplingParams, concat_structure
 from policyopt.store.metrics_log import progress_bar
 from policyopt.tasks.base import Task
@@ -129,7 +141,8 @@ def evaluate(
                 generate,
                 [row for row in picked for _ in range(samples)],
             )
-    scores = [task.verify(t, row) or 0.0 for t, row in zip(texts, picked, strict=True)]
+    limit = verify_time_limit(reward_fn)
+    scores = verified(task, prompts, texts, picked, "greedy completions", limit)
     out = {"eval/accuracy": sum(s >= correct_threshold for s in scores) / len(scores)}
     out["eval/reward"] = sum(scores) / len(scores)
     out.update(response_shape(greedy, summaries or []))
@@ -146,12 +159,20 @@ def evaluate(
     if samples <= 0:
         return out
     texts = sampled
+    sampled_scores = verified(
+        task,
+        [p for p in prompts for _ in range(samples)],
+        texts,
+        [row for row in picked for _ in range(samples)],
+        f"sampled completions ({samples} per row, in row order)",
+        limit,
+    )
     ks = ks or [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= samples]
     pass_sums = dict.fromkeys(ks, 0.0)
     avg_sum = maj_sum = distinct_sum = 0.0
-    for i, row in enumerate(picked):
+    for i in range(len(picked)):
         mine = texts[i * samples : (i + 1) * samples]
-        correct = [(task.verify(t, row) or 0.0) >= correct_threshold for t in mine]
+        correct = [s >= correct_threshold for s in sampled_scores[i * samples : (i + 1) * samples]]
         c = sum(correct)
         distinct_sum += distinct_correct(task, mine, correct)
         for k in ks:
@@ -164,6 +185,39 @@ def evaluate(
     out[f"eval/maj@{samples}"] = maj_sum / n
     out[f"eval/distinct_correct@{samples}"] = distinct_sum / n
     return out
+
+
+def verified(
+    task: Task,
+    prompts: list[Any],
+    texts: list[str],
+    rows: list[dict[str, Any]],
+    what: str,
+    timeout_s: float | None,
+) -> list[float]:
+    """The task's reward of each text on its row (None, no reward: 0.0), from one call of
+    its verifier as the reward pipeline makes it (`score_reward_function` on
+    `task_reward_function`, training's adapter of `Task.verify`): the call gets its own
+    copies of the prompts, texts and rows, runs within `timeout_s`, and what it raises or
+    returns wrong is a `RewardFunctionError` naming the function and the first sample that
+    fails, here prefixed with the held-out `what` (e.g. "greedy completions"), in whose
+    order the samples count."""
+    columns = {column: [row[column] for row in rows] for column in rows[0]}
+    try:
+        values = score_reward_function(
+            task_reward_function(task), prompts, texts, columns, timeout_s=timeout_s
+        )
+    except RewardFunctionError as error:  # RewardTimeoutError too: its class is kept
+        raise type(error)(f"held-out evaluation of the {what}: {error}") from error
+    return [0.0 if v is None else v for v in values]
+
+
+def verify_time_limit(reward_fn: Callable[..., Any] | None) -> float | None:
+    """The time limit of one verifier call: the run pipeline's limit for its `task` function
+    (`reward.functions[i].timeout_s`, the same verifier in training) when `reward_fn` has
+    one, else the default of an in-process reward call (`isolation.DEFAULT_TIMEOUT_S`)."""
+    limits = getattr(reward_fn, "timeouts", None) or {}
+    return limits.get("task", isolation.DEFAULT_TIMEOUT_S)
 
 
 def distinct_correct(task: Task, texts: list[str], correct: list[bool]) -> int:

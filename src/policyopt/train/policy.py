@@ -7,12 +7,15 @@
   ranking checkpoint folder; either way the task's item table is attached.
 
 `model.name_or_path` is read within the declared kind's names; a name of the other kind is an
-error that says which kind the task trains.
+error that says which kind the task trains. A policyopt checkpoint folder (`.../checkpoints/
+step-N`, or its `merged/` LoRA weights) is loaded only if it is complete
+(`refuse_incomplete_checkpoint`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,6 +23,7 @@ import torch
 from policyopt.config.load import ModelConfig
 from policyopt.models.item_tokenizer import ItemTokenizer
 from policyopt.models.ranker import RANKERS, PLRanker
+from policyopt.store.checkpoint import PREFIX, is_complete, latest_checkpoint
 from policyopt.tasks.base import Task
 
 
@@ -30,7 +34,39 @@ def load_policy(model: ModelConfig, task: Task) -> tuple[Any, Any]:
             f"task {task.name!r} declares policy {task.policy!r}; the policy kinds are "
             f"{', '.join(sorted(POLICY_LOADERS))}"
         )
+    refuse_incomplete_checkpoint(model.name_or_path, "model.name_or_path=")
     return POLICY_LOADERS[task.policy](model, task)
+
+
+def checkpoint_of(name: str) -> Path | None:
+    """The policyopt checkpoint folder that `name` is, or whose `merged/` folder it is;
+    None for anything else (a model name, a plain model folder, a run folder)."""
+    path = Path(name).expanduser()
+    if path.name == "merged":
+        path = path.parent
+    inside = path.parent.name == "checkpoints" and path.name.startswith(PREFIX)
+    return path if inside and path.name[len(PREFIX) :].isdigit() and path.is_dir() else None
+
+
+def refuse_incomplete_checkpoint(name: str, setting: str) -> None:
+    """Raise if `name` is a policyopt checkpoint folder that is not complete (its COMPLETE
+    marker missing, or a file it lists missing or of another size): a save was interrupted,
+    and its weights may be partial. `setting` is how the name was given (`--model `,
+    `model.name_or_path=`); the message names the newest complete checkpoint of the same
+    run, if there is one, as that setting."""
+    checkpoint = checkpoint_of(name)
+    if checkpoint is None or is_complete(checkpoint):
+        return
+    found = latest_checkpoint(checkpoint.parent.parent)
+    instead = (
+        f"the newest complete checkpoint of its run is {found.name}: give {setting}{found}"
+        if found is not None
+        else "its run has no complete checkpoint"
+    )
+    raise FileNotFoundError(
+        f"checkpoint {name} is incomplete (a save was interrupted, or a file is missing or "
+        f"truncated); {instead}"
+    )
 
 
 def _language_model(model: ModelConfig, task: Task) -> tuple[Any, Any]:
