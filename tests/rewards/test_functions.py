@@ -135,6 +135,27 @@ def test_exception_names_function_sample_and_completion():
     assert isinstance(caught.value.__cause__, ZeroDivisionError)
 
 
+def test_a_wrapped_exception_is_located_where_the_users_code_raised():
+    """A library that wraps the user's exception (`raise TaskError(...) from err`, as
+    verifiers does around a `@vf.reward`) is not where the fault is: the message names the
+    line of the original exception."""
+
+    def user_reward(completion):
+        return int(completion)  # ValueError on "x"
+
+    def library_wrapper(prompts, completions, **columns):
+        try:
+            return [float(user_reward(c)) for c in completions]
+        except ValueError as err:
+            raise RuntimeError("task scoring failed") from err
+
+    pipeline = RewardPipeline([("wrapped", library_wrapper, 1.0)])
+    with pytest.raises(RewardFunctionError) as caught:
+        pipeline(["p"], ["x"], {})
+    raised_at = user_reward.__code__.co_firstlineno + 1
+    assert f"at {__file__} line {raised_at}" in str(caught.value)
+
+
 def test_batch_only_failure_is_reported_as_such():
     def batch_hater(prompts, completions, **columns):
         if len(completions) > 1:

@@ -518,7 +518,11 @@ def _score(
 
 
 def _where(error: BaseException) -> str:
-    """' at FILE line N' of the innermost frame that raised `error`."""
+    """' at FILE line N' of the innermost frame that raised `error`, or, where `error` wraps
+    another (`raise ... from err`: verifiers' TaskError around a `@vf.reward`), that of the
+    original: the fault is in the wrapped code, not in the library that wrapped it."""
+    while error.__cause__ is not None and error.__cause__.__traceback__ is not None:
+        error = error.__cause__
     frames = traceback.extract_tb(error.__traceback__)
     return f" at {frames[-1].filename} line {frames[-1].lineno}" if frames else ""
 
