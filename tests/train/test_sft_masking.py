@@ -3,9 +3,6 @@ trained on, and plain-string demonstrations train exactly as before."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,6 +17,7 @@ from policyopt.train.sft import (
     sft_backward,
     sft_examples,
 )
+from sft_keys_for_tests import earlier_sft_cache_key
 
 
 def _grads(model: torch.nn.Module) -> torch.Tensor:
@@ -166,21 +164,8 @@ def test_a_task_s_default_segments_are_its_targets_whole() -> None:
 
 # ------------------------------------------------------------------- the SFT cache key
 def _key_without_masking(config) -> str:  # noqa: ANN001
-    """sft_cache_key as it was before SFT masked environment text, copied."""
-    from policyopt import __version__
-    from policyopt.pipelines.quickstart import sft_seed
-
-    payload = {
-        "version": __version__,
-        "model": config.model.name_or_path,
-        "dtype": config.model.dtype,
-        "chat": config.model.chat_template,
-        "task": config.task.model_dump(mode="json"),
-        "sft": config.sft.model_dump(mode="json"),
-        "seed": sft_seed(config),
-        **({"precision": config.model.precision} if config.model.precision != "fp32" else {}),
-    }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+    """sft_cache_key as it was before SFT masked environment text."""
+    return earlier_sft_cache_key(config, segments=False)
 
 
 def test_the_cache_key_changes_for_the_tool_recipe_only() -> None:

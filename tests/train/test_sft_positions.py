@@ -15,6 +15,7 @@ from policyopt.models.loading import load_model
 from policyopt.tasks import get_task
 from policyopt.train import sft as sft_module
 from policyopt.train.sft import run_sft
+from sft_keys_for_tests import earlier_sft_cache_key
 
 LIMIT = 512  # the embedded model's positions; its tokenizer is one token per character
 
@@ -147,26 +148,8 @@ def test_an_edited_eval_file_keeps_the_warm_start(tmp_path) -> None:
 
 
 def _key_before_data(config) -> str:  # noqa: ANN001
-    """sft_cache_key as it was before it read the data's content, copied."""
-    import hashlib
-
-    from policyopt import __version__
-    from policyopt.pipelines.quickstart import sft_seed
-    from policyopt.tasks.base import Task, task_class
-
-    segmented = task_class(config.task.name).sft_segments is not Task.sft_segments
-    payload = {
-        "version": __version__,
-        "model": config.model.name_or_path,
-        "dtype": config.model.dtype,
-        "chat": config.model.chat_template,
-        "task": config.task.model_dump(mode="json"),
-        "sft": config.sft.model_dump(mode="json"),
-        "seed": sft_seed(config),
-        **({"precision": config.model.precision} if config.model.precision != "fp32" else {}),
-        **({"sft_segments": "environment_masked"} if segmented else {}),
-    }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+    """sft_cache_key as it was before it read the data's content."""
+    return earlier_sft_cache_key(config, segments=True)
 
 
 def test_every_shipped_recipe_keeps_its_key(tmp_path) -> None:
